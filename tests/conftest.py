@@ -1,0 +1,70 @@
+"""Test configuration shared by every tier.
+
+JAX reads XLA_FLAGS when its CPU backend starts, so the 8 fake CPU devices must be requested here,
+before any test module imports jax. Eight devices let sharding tests build real (2, 4) meshes on a
+laptop; single-device code is unaffected (it runs on device 0).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+_FLAG = "--xla_force_host_platform_device_count=8"
+if _FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+# Parity tests compare against torch's exact fp32 matmuls: never let XLA pick a faster, lossier
+# algorithm (TF32 on GPU) behind our back.
+jax.config.update("jax_default_matmul_precision", "highest")
+
+try:  # two xdist workers on two cores: keep torch from oversubscribing them
+    import torch
+
+    torch.set_num_threads(1)
+except ImportError:  # torch is optional; parity tests skip themselves without it
+    pass
+
+
+def _has_gpu() -> bool:
+    try:
+        return len(jax.devices("gpu")) > 0
+    except RuntimeError:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    has_gpu = None
+    has_libtpu = importlib.util.find_spec("libtpu") is not None
+    for item in items:
+        if "gpu" in item.keywords:
+            if has_gpu is None:
+                has_gpu = _has_gpu()
+            if not has_gpu:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+        if "tpu_aot" in item.keywords and not has_libtpu:
+            item.add_marker(
+                pytest.mark.skip(reason="libtpu is not importable (pip install libtpu)")
+            )
+
+
+@pytest.fixture
+def x64():
+    """Run the test body with float64 enabled (parity comparisons through recursion)."""
+    with jax.enable_x64(True):
+        yield
+
+
+@pytest.fixture(scope="session")
+def shared_data_dir():
+    """../shared/data beside the checkout: offline copies of the real data sets (tests only)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(os.path.dirname(here), "shared", "data")
+    if not os.path.isdir(path):
+        pytest.skip("../shared/data is not present")
+    return path

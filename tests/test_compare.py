@@ -1,0 +1,41 @@
+"""The comparison helper must fail loudly and say where: every parity test relies on it."""
+
+import numpy as np
+import pytest
+
+from parity.compare import EXACT, FLOAT32, Tolerance, assert_all_close, assert_close, compare
+
+
+def test_passes_within_tolerance():
+    e = np.linspace(-1, 1, 101)
+    assert_close("x", e * (1 + 5e-6), e, FLOAT32)
+
+
+def test_failure_names_tensor_index_and_values():
+    e = np.zeros((3, 4))
+    a = e.copy()
+    a[2, 1] = 1e-3
+    e[0, 0] = a[0, 0] = 1.0
+    with pytest.raises(AssertionError) as info:
+        assert_close("blocks.0.attn", a, e, FLOAT32)
+    msg = str(info.value)
+    assert "blocks.0.attn" in msg and "(2, 1)" in msg and "max_abs=1.000e-03" in msg
+
+
+def test_scale_floor_and_explicit_atol():
+    e = np.array([1.0, 1e-9])
+    a = np.array([1.0, 2e-9])  # relative error 1 at a near-zero entry, tiny versus the scale
+    assert compare("x", a, e, FLOAT32).passed
+    assert not compare("x", a, e, Tolerance("strict", 1e-5, atol=0.0)).passed
+
+
+def test_nan_mismatch_fails_and_exact_requires_equality():
+    assert not compare("x", np.array([np.nan, 1.0]), np.array([0.0, 1.0]), FLOAT32).passed
+    assert not compare("x", np.array([1, 2]), np.array([1, 3]), EXACT).passed
+    with pytest.raises(AssertionError, match="2 of 3"):
+        assert_all_close([("a", [1.0], [2.0]), ("b", [1.0], [1.0]), ("c", [3.0], [1.0])], FLOAT32)
+
+
+def test_shape_mismatch_is_an_error():
+    with pytest.raises(AssertionError, match="shape mismatch"):
+        compare("x", np.zeros(3), np.zeros(4), FLOAT32)
