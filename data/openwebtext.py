@@ -1,0 +1,219 @@
+"""OpenWebText-style BPE token bins, following nanoGPT's data/openwebtext recipe.
+
+    python -m data.openwebtext --input docs/ more.jsonl --out-dir data_out/owt
+    python -m data.openwebtext --hf-dataset Skylion007/openwebtext --out-dir data_out/owt  # online
+
+Documents -> seeded shuffle and split (val = ceil(val_fraction * n) documents, nanoGPT's
+train_test_split(test_size=0.0005, seed=2357)) -> tiktoken `encode_ordinary` + EOT per document ->
+train.bin / val.bin (uint16, documents concatenated) + meta.json.
+
+Inputs: a .txt file is one document; a folder contributes its *.txt / *.jsonl files (sorted); a
+.jsonl file has one JSON object per line with a "text" field. `--hf-dataset` needs the `datasets`
+package and network.
+
+Encodings: "gpt2" is tiktoken's GPT-2 BPE (vocab 50257, EOT 50256) and needs its BPE files
+(downloaded once into tiktoken's cache, or TIKTOKEN_CACHE_DIR); without them it fails with a clear
+error rather than silently switching vocabulary. "bytes" is a tiktoken Encoding over the 256 raw
+bytes plus EOT 256 (vocab 257): no download, used by the offline tests.
+
+API
+  get_encoding(name) -> tiktoken.Encoding
+  build(inputs, out_dir, *, encoding="gpt2", val_fraction=0.0005, seed=2357, num_proc=1) -> dict
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from data.text_source import write_meta_json, write_token_bin
+
+EOT_TEXT = "<|endoftext|>"
+
+
+def get_encoding(name: str):
+    import tiktoken
+
+    if name == "bytes":
+        return tiktoken.Encoding(
+            name="bytes",
+            pat_str=r"(?s).",  # never split words by regex: every byte is its own token anyway
+            mergeable_ranks={bytes([i]): i for i in range(256)},
+            special_tokens={EOT_TEXT: 256},
+        )
+    try:
+        return tiktoken.get_encoding(name)
+    except Exception as e:  # tiktoken raises requests/urllib errors when its files are missing
+        raise RuntimeError(
+            f"tiktoken encoding {name!r} is not available ({type(e).__name__}: {e}). It downloads "
+            "its BPE files on first use: run once online, or point TIKTOKEN_CACHE_DIR at a cache "
+            "that has them; offline tests use --encoding bytes."
+        ) from e
+
+
+# A document reference is (path, byte offset of its line) for jsonl or (path, None) for .txt, so
+# a 54 GB corpus is enumerated without being held in memory.
+def _doc_refs(inputs) -> list[tuple[str, int | None]]:
+    files: list[Path] = []
+    for inp in inputs:
+        p = Path(inp)
+        if p.is_dir():
+            files += sorted(q for q in p.rglob("*") if q.suffix in (".txt", ".jsonl"))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise FileNotFoundError(f"input {p} does not exist")
+    refs = []
+    for f in files:
+        if f.suffix == ".jsonl":
+            with open(f, "rb") as fh:
+                offset = 0
+                for line in fh:
+                    if line.strip():
+                        refs.append((str(f), offset))
+                    offset += len(line)
+        else:
+            refs.append((str(f), None))
+    if not refs:
+        raise ValueError(f"no documents found in {list(map(str, inputs))} (*.txt or *.jsonl)")
+    return refs
+
+
+def _read_doc(ref: tuple[str, int | None]) -> str:
+    path, offset = ref
+    if offset is None:
+        return Path(path).read_text(encoding="utf-8")
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        line = fh.readline()
+    try:
+        return json.loads(line)["text"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} @ byte {offset}: expected a JSON object with 'text' ({e})") from e
+
+
+_ENC = None
+
+
+def _init_worker(encoding_name: str) -> None:
+    global _ENC
+    _ENC = get_encoding(encoding_name)
+
+
+def _tokenize(doc) -> np.ndarray:
+    text = _read_doc(doc) if isinstance(doc, tuple) else doc
+    ids = _ENC.encode_ordinary(text)  # special-token text in documents stays ordinary text
+    ids.append(_ENC.eot_token)  # nanoGPT appends EOT to each document (as a separator)
+    return np.array(ids, dtype=np.uint16)
+
+
+def _write_split(path: Path, docs, encoding: str, num_proc: int, desc: str) -> tuple[int, int]:
+    count = {"docs": 0}
+
+    def chunks():
+        if num_proc > 1:
+            with multiprocessing.get_context("spawn").Pool(
+                num_proc, initializer=_init_worker, initargs=(encoding,)
+            ) as pool:
+                for ids in tqdm(
+                    pool.imap(_tokenize, docs, chunksize=64), total=len(docs), desc=desc
+                ):
+                    count["docs"] += 1
+                    yield ids
+        else:
+            _init_worker(encoding)
+            for doc in tqdm(docs, desc=desc):
+                count["docs"] += 1
+                yield _tokenize(doc)
+
+    n = write_token_bin(path, chunks())
+    if count["docs"] != len(docs):
+        raise RuntimeError(f"{path}: tokenized {count['docs']} of {len(docs)} documents")
+    return n, count["docs"]
+
+
+def _hf_documents(name: str) -> list[str]:
+    try:
+        import datasets
+    except ImportError as e:
+        raise RuntimeError("--hf-dataset needs `pip install datasets` (and network)") from e
+    return datasets.load_dataset(name, split="train")["text"]
+
+
+def build(
+    inputs,
+    out_dir,
+    *,
+    encoding: str = "gpt2",
+    val_fraction: float = 0.0005,
+    seed: int = 2357,
+    num_proc: int = 1,
+    hf_dataset: str | None = None,
+) -> dict:
+    t0 = time.time()
+    out_dir = Path(out_dir)
+    enc = get_encoding(encoding)  # fail before any work if the tokenizer is unavailable
+    if enc.n_vocab > 65536:
+        raise ValueError(f"encoding {encoding!r} has {enc.n_vocab} ids: too many for uint16 bins")
+    docs = _hf_documents(hf_dataset) if hf_dataset else _doc_refs(inputs)
+    n = len(docs)
+    if n < 2:
+        raise ValueError(f"need at least 2 documents for a train/val split, got {n}")
+    n_val = min(max(1, math.ceil(val_fraction * n)), n - 1)
+    order = np.random.default_rng(seed).permutation(n)
+    splits = {"val": order[:n_val], "train": order[n_val:]}
+    summary = {"documents": n, "encoding": encoding, "vocab_size": enc.n_vocab}
+    for name, idx in splits.items():
+        tokens, ndocs = _write_split(
+            out_dir / f"{name}.bin", [docs[i] for i in idx], encoding, num_proc, name
+        )
+        summary[f"{name}_documents"] = ndocs
+        summary[f"{name}_tokens"] = tokens
+        summary[f"{name}_bytes"] = (out_dir / f"{name}.bin").stat().st_size
+    write_meta_json(
+        out_dir / "meta.json",
+        {"vocab_size": enc.n_vocab, "encoding": encoding, "eot_token": enc.eot_token},
+    )
+    summary["seconds"] = round(time.time() - t0, 2)
+    return summary
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(
+        prog="python -m data.openwebtext",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--input", nargs="*", default=[], help=".txt / .jsonl files or folders")
+    p.add_argument("--hf-dataset", default=None, help="e.g. Skylion007/openwebtext (online)")
+    p.add_argument("--out-dir", default="data_out/openwebtext")
+    p.add_argument("--encoding", default="gpt2", help="tiktoken name, or 'bytes' (offline)")
+    p.add_argument("--val-fraction", type=float, default=0.0005)
+    p.add_argument("--seed", type=int, default=2357)
+    p.add_argument("--num-proc", type=int, default=1)
+    args = p.parse_args(argv)
+    if not args.input and not args.hf_dataset:
+        p.error("give --input files/folders or --hf-dataset")
+    summary = build(
+        args.input,
+        args.out_dir,
+        encoding=args.encoding,
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        num_proc=args.num_proc,
+        hf_dataset=args.hf_dataset,
+    )
+    for k, v in summary.items():
+        print(f"{k:>15}: {v}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()
