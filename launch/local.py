@@ -1,0 +1,185 @@
+"""Run an experiment on this machine: one process, or several standing in for TPU hosts.
+
+    python -m launch.local -- +experiment=trm_sudoku_tiny                     # whatever jax sees
+    python -m launch.local --cpu-devices 8 -- +experiment=trm_sudoku_tiny     # 8 fake CPU devices
+    python -m launch.local --processes 2 --cpu-devices 4 -- +experiment=trm_sudoku_tiny
+
+With `--processes N` it starts N copies of `python -m train.main <overrides>` on 127.0.0.1, each
+with JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID set (the variables the trainer
+passes to `jax.distributed.initialize`) and gloo CPU collectives, so the multi-host code paths
+(per-process data slices, global arrays, one shared checkpoint, process-0-only logging) run exactly
+as on an 8-host TPU slice, just smaller. Output lines are prefixed with the process id; if one
+process fails the others are terminated, since the survivors would wait forever in a collective.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+
+
+def free_port() -> int:
+    """A TCP port that is free now on 127.0.0.1 (each test/run gets its own coordinator)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def process_env(
+    base: dict[str, str],
+    *,
+    process_id: int,
+    num_processes: int,
+    port: int | None,
+    cpu_devices: int | None,
+    platform: str | None,
+) -> dict[str, str]:
+    """The environment of one local process (pure function, tested)."""
+    env = dict(base)
+    if platform:
+        env["JAX_PLATFORMS"] = platform
+    if cpu_devices:
+        # Both spellings: JAX_NUM_CPU_DEVICES for jax >= 0.5.1, the XLA flag for anything older.
+        env["JAX_NUM_CPU_DEVICES"] = str(cpu_devices)
+        flag = f"--xla_force_host_platform_device_count={cpu_devices}"
+        flags = [
+            f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(flag.split("=")[0])
+        ]
+        env["XLA_FLAGS"] = " ".join([*flags, flag])
+    if num_processes > 1:
+        assert port is not None
+        env["JAX_COORDINATOR_ADDRESS"] = f"127.0.0.1:{port}"
+        env["JAX_NUM_PROCESSES"] = str(num_processes)
+        env["JAX_PROCESS_ID"] = str(process_id)
+        env["JAX_CPU_COLLECTIVES_IMPLEMENTATION"] = "gloo"
+    return env
+
+
+def commands(overrides: Sequence[str], python: str = sys.executable) -> list[str]:
+    for o in overrides:
+        if o.startswith("-"):
+            raise ValueError(
+                f"Hydra override {o!r} looks like a flag: put launcher flags before '--' and "
+                "Hydra overrides (key=value, +key=value) after it"
+            )
+    return [python, "-m", "train.main", *overrides]
+
+
+def _pump(stream, prefix: str, out) -> None:
+    for line in iter(stream.readline, ""):
+        out.write(prefix + line)
+        out.flush()
+
+
+def run(
+    overrides: Sequence[str],
+    *,
+    processes: int = 1,
+    cpu_devices: int | None = None,
+    platform: str | None = None,
+    timeout: float | None = None,
+) -> int:
+    """Starts the processes, streams their output, returns the first non-zero exit code (or 0)."""
+    if processes < 1:
+        raise ValueError(f"--processes must be >= 1, got {processes}")
+    if processes > 1 and platform not in (None, "cpu"):
+        raise ValueError("--processes > 1 stands in for hosts with CPU devices: use --platform cpu")
+    if processes > 1:
+        platform = "cpu"
+    cmd = commands(overrides)
+    port = free_port() if processes > 1 else None
+    procs = []
+    for pid in range(processes):
+        env = process_env(
+            dict(os.environ),
+            process_id=pid,
+            num_processes=processes,
+            port=port,
+            cpu_devices=cpu_devices,
+            platform=platform,
+        )
+        procs.append(
+            subprocess.Popen(
+                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
+    pumps = [
+        threading.Thread(
+            target=_pump, args=(p.stdout, f"[p{i}] " if processes > 1 else "", sys.stdout)
+        )
+        for i, p in enumerate(procs)
+    ]
+    for t in pumps:
+        t.start()
+    rc = 0
+    try:
+        remaining = list(procs)
+        while remaining:
+            for p in list(remaining):
+                try:
+                    code = p.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    continue
+                remaining.remove(p)
+                if code != 0 and rc == 0:
+                    rc = code
+                    for other in remaining:  # a lone survivor would hang in its next collective
+                        other.terminate()
+            if timeout is not None:
+                timeout -= 0.2
+                if timeout <= 0:
+                    for p in remaining:
+                        p.kill()
+                    rc = rc or 124
+                    break
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for t in pumps:
+            t.join()
+    return rc
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m launch.local", description=__doc__.split("\n")[0])
+    p.add_argument("--processes", type=int, default=1, help="local processes standing in for hosts")
+    p.add_argument("--cpu-devices", type=int, help="fake CPU devices per process")
+    p.add_argument("--platform", choices=["cpu", "gpu", "tpu"], help="JAX_PLATFORMS for the run")
+    p.add_argument("--dry-run", action="store_true", help="print the command and environment")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, after '--'")
+    args = p.parse_args(argv)
+    try:
+        cmd = commands(args.overrides)
+        if args.dry_run:
+            port = free_port() if args.processes > 1 else None
+            for pid in range(args.processes):
+                env = process_env(
+                    {},
+                    process_id=pid,
+                    num_processes=args.processes,
+                    port=port,
+                    cpu_devices=args.cpu_devices,
+                    platform="cpu" if args.processes > 1 else args.platform,
+                )
+                print(shlex.join(["env", *(f"{k}={v}" for k, v in sorted(env.items())), *cmd]))
+            return 0
+        return run(
+            args.overrides,
+            processes=args.processes,
+            cpu_devices=args.cpu_devices,
+            platform=args.platform,
+        )
+    except ValueError as e:
+        print(f"launch.local: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
