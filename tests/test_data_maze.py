@@ -1,0 +1,167 @@
+"""Maze builder: CSV and upstream-layout sources, dihedral augmentation, solution validation."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from data import maze
+from data.augment import inverse_dihedral_transform
+from data.puzzle_format import load_split
+
+
+@pytest.fixture(scope="module")
+def fixture_dir(shared_data_dir):
+    return os.path.join(shared_data_dir, "maze-30x30-hard-1k")
+
+
+@pytest.fixture(scope="module")
+def fixture_rows(fixture_dir):
+    s = load_split(fixture_dir, "train", raw=True).all
+    return np.asarray(s.inputs[:6]), np.asarray(s.labels[:6])
+
+
+def _chars(row) -> str:
+    return "".join(maze.CHARSET[v - 1] for v in row)
+
+
+def _write_csv(path, inputs, labels):
+    with open(path, "w") as f:
+        f.write("source,question,answer,rating\n")
+        for x, y in zip(inputs, labels):
+            f.write(f"fixture,{_chars(x)},{_chars(y)},7\n")
+
+
+def test_upstream_fixture_rebuilds_identically(fixture_dir, tmp_path):
+    s = maze.main(["--source", fixture_dir, "--out-dir", str(tmp_path / "m")])
+    assert s["train_examples"] == 1000 and s["test_examples"] == 1000
+    for split in ("train", "test"):
+        ref, got = (
+            load_split(fixture_dir, split, raw=True),
+            load_split(tmp_path / "m", split, raw=True),
+        )
+        assert got.metadata == ref.metadata
+        for field in ("inputs", "labels", "puzzle_identifiers", "puzzle_indices", "group_indices"):
+            a, b = getattr(ref.all, field), getattr(got.all, field)
+            assert a.dtype == b.dtype, field
+            np.testing.assert_array_equal(a, b, err_msg=field)
+    assert json.loads((tmp_path / "m" / "identifiers.json").read_text()) == ["<blank>"]
+    loaded = load_split(tmp_path / "m", "test")  # training view: ignore label 0 -> -100
+    assert loaded.all.labels.dtype == np.int32 and not (loaded.all.labels == 0).any()
+
+
+def test_csv_source_and_augmentation(fixture_rows, tmp_path):
+    x, y = fixture_rows
+    src = tmp_path / "csv"
+    src.mkdir()
+    _write_csv(src / "train.csv", x[:4], y[:4])
+    _write_csv(src / "test.csv", x[4:], y[4:])
+    maze.build(tmp_path / "plain", source=src)
+    train = load_split(tmp_path / "plain", "train", raw=True).all
+    np.testing.assert_array_equal(train.inputs, x[:4])
+    np.testing.assert_array_equal(
+        load_split(tmp_path / "plain", "test", raw=True).all.labels, y[4:]
+    )
+
+    maze.build(tmp_path / "aug", source=src, aug=True)
+    aug = load_split(tmp_path / "aug", "train", raw=True).all
+    test = load_split(tmp_path / "aug", "test", raw=True).all
+    assert aug.num_examples == 32 and test.num_examples == 2  # test is never augmented
+    np.testing.assert_array_equal(aug.group_indices, np.arange(0, 33, 8))
+    maze.validate_mazes(aug.inputs, aug.labels)  # every transform keeps a valid solved maze
+    for g in range(4):
+        for t in range(8):
+            row = aug.inputs[g * 8 + t].reshape(30, 30)
+            np.testing.assert_array_equal(inverse_dihedral_transform(row, t).reshape(-1), x[g])
+    assert len({aug.inputs[t].tobytes() for t in range(8)}) == 8
+
+    maze.build(tmp_path / "sub", source=src, subsample_size=2, seed=1)
+    maze.build(tmp_path / "sub2", source=src, subsample_size=2, seed=1)
+    a = load_split(tmp_path / "sub", "train", raw=True).all.inputs
+    np.testing.assert_array_equal(a, load_split(tmp_path / "sub2", "train", raw=True).all.inputs)
+    assert a.shape == (2, 900)
+    with pytest.raises(FileExistsError):
+        maze.build(tmp_path / "sub", source=src)
+
+
+def test_download_path_through_a_file_url(fixture_rows, tmp_path, monkeypatch):
+    x, y = fixture_rows
+    repo = tmp_path / "hub" / "sapientinc" / "maze"
+    repo.mkdir(parents=True)
+    _write_csv(repo / "train.csv", x[:2], y[:2])
+    _write_csv(repo / "test.csv", x[2:3], y[2:3])
+    monkeypatch.setattr(maze, "HF_URL", f"file://{tmp_path}/hub/{{repo}}/{{filename}}")
+    path = maze.download("train.csv", tmp_path / "cache", repo="sapientinc/maze")
+    np.testing.assert_array_equal(maze.read_csv(path)[0], x[:2])
+    with pytest.raises(RuntimeError, match="offline"):
+        maze.download("missing.csv", tmp_path / "cache", repo="sapientinc/maze")
+    assert not list((tmp_path / "cache").glob(".*tmp*"))
+
+
+def _mutations():
+    # (name, function(x, y) -> (x, y) on 30x30 grids, expected message fragment)
+    def cut_path(x, y):
+        path = np.argwhere(y == maze.PATH)
+        y[tuple(path[len(path) // 2])] = maze.OPEN
+        return x, y
+
+    def stray_path(x, y):
+        far = np.argwhere((x == maze.OPEN) & (y == maze.OPEN))
+        for i, j in far:  # an open cell with no path/S/G neighbour
+            nb = y[max(i - 1, 0) : i + 2, max(j - 1, 0) : j + 2]
+            if not np.isin(nb, [maze.PATH, maze.START, maze.GOAL]).any():
+                y[i, j] = maze.PATH
+                return x, y
+        raise AssertionError("no isolated open cell")
+
+    def move_wall(x, y):
+        i, j = np.argwhere(x == maze.WALL)[0]
+        y[i, j] = maze.OPEN
+        return x, y
+
+    def two_starts(x, y):
+        i, j = np.argwhere(x == maze.WALL)[0]
+        x[i, j] = y[i, j] = maze.START
+        return x, y
+
+    def path_in_question(x, y):
+        x[y == maze.PATH] = maze.PATH
+        return x, y
+
+    return [
+        ("cut_path", cut_path, "do not connect S to G"),
+        ("stray_path", stray_path, "not connected to the S-G path"),
+        ("move_wall", move_wall, "only ' ' -> 'o'"),
+        ("two_starts", two_starts, "2 'S' cells"),
+        ("path_in_question", path_in_question, "already contains path"),
+    ]
+
+
+@pytest.mark.parametrize("name,mutate,message", _mutations(), ids=[m[0] for m in _mutations()])
+def test_validation_rejects_broken_mazes(fixture_rows, name, mutate, message):
+    x, y = (a[0].reshape(30, 30).copy() for a in fixture_rows)
+    maze.validate_mazes(x.reshape(1, -1), y.reshape(1, -1))  # the original is valid
+    x, y = mutate(x, y)
+    with pytest.raises(maze.MazeError, match=message):
+        maze.validate_mazes(x.reshape(1, -1), y.reshape(1, -1), where="t.csv")
+
+
+def test_csv_errors_name_file_and_row(fixture_rows, tmp_path):
+    x, y = fixture_rows
+    bad = tmp_path / "train.csv"
+    _write_csv(bad, x[:2], y[:2])
+    lines = bad.read_text().splitlines()
+    lines[2] = lines[2].replace("#", "X", 1)
+    bad.write_text("\n".join(lines) + "\n")
+    with pytest.raises(maze.MazeError, match=r"train.csv \(question\) row 1: character 'X'"):
+        maze.read_csv(bad)
+    bad.write_text("a,b\n")
+    with pytest.raises(maze.MazeError, match="expected header"):
+        maze.read_csv(bad)
+    _write_csv(bad, x[:2], y[:2])
+    (tmp_path / "test.csv").write_text("source,question,answer,rating\nz,ab,ab,0\n")
+    with pytest.raises(maze.MazeError, match="2 characters, expected 900"):
+        maze.build(tmp_path / "out", source=tmp_path)
