@@ -1,0 +1,64 @@
+"""nanoGPT (karpathy/nanoGPT) in Flax NNX, with the weight map and nanoGPT's optimisation math.
+
+    from models.gpt import GPT, GPTConfig, from_torch_file, generate
+    model = from_torch_file("out-shakespeare-char/ckpt.pt")   # nanoGPT checkpoint, unchanged
+    model.eval()
+    tokens = generate(model, idx, 100, temperature=0.8, top_k=200, rngs=nnx.Rngs(sample=0))
+
+Parity with our PyTorch nanoGPT (parity/gpt_torch.py) is proven by tests/test_gpt_*.py; the
+chapter docs/porting_nanogpt.md lists each construct and its test.
+"""
+
+from models.gpt.modeling import (
+    GPT,
+    MLP,
+    PRESETS,
+    Block,
+    CausalSelfAttention,
+    GPTConfig,
+    crop_block_size,
+    cross_entropy,
+    generate,
+    preset,
+    top_k_filter,
+)
+from models.gpt.params import from_torch, from_torch_file, to_torch
+from models.gpt.train_step import (
+    PEAK_FLOPS,
+    clip_by_global_norm,
+    configure_optimizers,
+    decay_mask,
+    estimate_mfu,
+    flops_per_token,
+    get_lr,
+    get_num_params,
+    loss_and_grads,
+    train_step,
+)
+
+__all__ = [
+    "GPT",
+    "GPTConfig",
+    "PRESETS",
+    "Block",
+    "CausalSelfAttention",
+    "MLP",
+    "PEAK_FLOPS",
+    "clip_by_global_norm",
+    "configure_optimizers",
+    "crop_block_size",
+    "cross_entropy",
+    "decay_mask",
+    "estimate_mfu",
+    "flops_per_token",
+    "from_torch",
+    "from_torch_file",
+    "generate",
+    "get_lr",
+    "get_num_params",
+    "loss_and_grads",
+    "preset",
+    "to_torch",
+    "top_k_filter",
+    "train_step",
+]

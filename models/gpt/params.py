@@ -1,0 +1,142 @@
+"""The nanoGPT <-> NNX weight map: `from_torch`, `to_torch`, `from_torch_file`.
+
+Rules (one line each):
+- torch `transformer.X` is `model.X` (the ModuleDict is flattened in the port);
+- Linear `weight` (out, in) -> `kernel` (in, out): transposed;
+- LayerNorm `weight` -> `scale`; Embedding `weight` -> `embedding`; biases copy as is;
+- `lm_head.weight` is tied to `transformer.wte.weight`: read from wte, written under both names;
+- `_orig_mod.` (torch.compile) is stripped; a ckpt.pt dict is unwrapped via its 'model' entry;
+- HF GPT-2 (Conv1D) stores the four projection weights already as (in, out): copied, not
+  transposed; its `attn.bias` / `attn.masked_bias` buffers (and nanoGPT's manual-attention mask
+  buffer `attn.bias`) are ignored.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import numpy as np
+from flax import nnx
+
+from models.gpt.modeling import GPT, GPTConfig
+from models.state_dict import COMPILE_PREFIX, StateDictError, check_keys, load_file, to_numpy
+
+_BUFFERS = (".attn.bias", ".attn.masked_bias")
+_LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+
+
+def _key_map(cfg: GPTConfig) -> dict[str, tuple[tuple, tuple[int, ...], bool]]:
+    """torch key -> (path of the nnx Variable, torch shape, transposed?)."""
+    C, V, T = cfg.n_embd, cfg.vocab_size, cfg.block_size
+    m = {
+        "transformer.wte.weight": (("wte", "embedding"), (V, C), False),
+        "transformer.wpe.weight": (("wpe", "embedding"), (T, C), False),
+    }
+    shapes = {"attn.c_attn": (3 * C, C), "attn.c_proj": (C, C), "mlp.c_fc": (4 * C, C)}
+    shapes["mlp.c_proj"] = (C, 4 * C)
+    for i in range(cfg.n_layer):
+        p = f"transformer.h.{i}."
+        for ln in ("ln_1", "ln_2"):
+            m[p + ln + ".weight"] = (("h", i, ln, "scale"), (C,), False)
+            if cfg.bias:
+                m[p + ln + ".bias"] = (("h", i, ln, "bias"), (C,), False)
+        for lin in _LINEARS:
+            path = ("h", i, *lin.split("."))
+            m[p + lin + ".weight"] = ((*path, "kernel"), shapes[lin], True)
+            if cfg.bias:
+                m[p + lin + ".bias"] = ((*path, "bias"), (shapes[lin][0],), False)
+    m["transformer.ln_f.weight"] = (("ln_f", "scale"), (C,), False)
+    if cfg.bias:
+        m["transformer.ln_f.bias"] = (("ln_f", "bias"), (C,), False)
+    return m
+
+
+def _variable(model, path) -> nnx.Variable:
+    obj = model
+    for p in path:
+        obj = obj[p] if isinstance(p, int) else getattr(obj, p)
+    return obj
+
+
+def _is_conv1d(key: str) -> bool:
+    return key.endswith(".weight") and any(f".{lin}.weight" in key for lin in _LINEARS)
+
+
+def _normalise(state_dict: Mapping, cfg: GPTConfig, layout: str) -> tuple[dict, str]:
+    """Unwrap ckpt.pt, strip _orig_mod., add transformer., drop buffers; detect the layout."""
+    sd = state_dict
+    if "model" in sd and isinstance(sd["model"], Mapping):  # nanoGPT ckpt.pt
+        sd = sd["model"]
+    sd = {k[len(COMPILE_PREFIX) :] if k.startswith(COMPILE_PREFIX) else k: v for k, v in sd.items()}
+    if not any(k.startswith("transformer.") for k in sd):  # HF GPT2Model: no prefix
+        sd = {(k if k == "lm_head.weight" else "transformer." + k): v for k, v in sd.items()}
+    sd = {k: v for k, v in sd.items() if not k.endswith(_BUFFERS)}
+    if layout == "auto":
+        C = cfg.n_embd
+        shape = tuple(np.shape(sd.get("transformer.h.0.attn.c_attn.weight", ())))
+        layout = "hf" if shape == (C, 3 * C) else "nanogpt"
+    if layout not in ("nanogpt", "hf"):
+        raise ValueError(f"layout must be 'auto', 'nanogpt' or 'hf', got {layout!r}")
+    if layout == "hf":  # Conv1D stores (in, out): bring it to torch Linear's (out, in) to check
+        sd = {k: (to_numpy(v).T if _is_conv1d(k) else v) for k, v in sd.items()}
+    return sd, layout
+
+
+def from_torch(state_dict: Mapping, config: GPTConfig, *, layout: str = "auto", rngs=None) -> GPT:
+    """Build a GPT holding the weights of a nanoGPT (or HF GPT-2) state_dict.
+
+    Accepts a plain state_dict or a nanoGPT ckpt.pt dict (its 'model' entry), keys with or without
+    `_orig_mod.`, and HF GPT-2 keys (Conv1D layout, with or without `transformer.`; lm_head
+    optional since tied). `layout` 'auto' detects HF by the shape of h.0's c_attn weight.
+    Raises StateDictError listing every missing, unexpected or wrongly-shaped key.
+    """
+    sd, layout = _normalise(state_dict, config, layout)
+    key_map = _key_map(config)
+    expected = {k: shape for k, (_, shape, _) in key_map.items()}
+    source = "HF GPT-2 state_dict" if layout == "hf" else "nanoGPT state_dict"
+    lm_head = sd.pop("lm_head.weight", None)
+    check_keys(sd, expected, source=source)
+    wte = to_numpy(sd["transformer.wte.weight"])
+    if lm_head is not None:
+        lm_head = to_numpy(lm_head)
+        if lm_head.shape != wte.shape or not np.array_equal(lm_head, wte):
+            raise StateDictError(
+                f"{source}: lm_head.weight {lm_head.shape} is not tied to transformer.wte.weight "
+                f"{wte.shape}; this port ties them (one array), as nanoGPT does"
+            )
+    model = GPT(config, rngs=rngs if rngs is not None else nnx.Rngs(0))
+    dtype = config.param_dtype
+    for key, (path, _, transpose) in key_map.items():
+        value = to_numpy(sd[key]).astype(dtype)
+        _variable(model, path).set_value(np.ascontiguousarray(value.T if transpose else value))
+    return model
+
+
+def to_torch(model: GPT) -> dict:
+    """-> nanoGPT state_dict (torch tensors, flash-attention layout, lm_head tied to wte)."""
+    import torch  # lazy: models/ never imports torch at module level
+
+    out = {}
+    for key, (path, _, transpose) in _key_map(model.config).items():
+        value = np.asarray(_variable(model, path).get_value())
+        out[key] = torch.from_numpy(np.ascontiguousarray(value.T if transpose else value))
+    out["lm_head.weight"] = out["transformer.wte.weight"]  # tied: the same tensor
+    return out
+
+
+def from_torch_file(path: str | os.PathLike, config: GPTConfig | None = None, **kwargs) -> GPT:
+    """Load a nanoGPT ckpt.pt / state_dict .pt / .safetensors without unpickling code.
+
+    With config=None the architecture comes from a ckpt.pt's `model_args` (dropout kept).
+    """
+    sd = load_file(path)
+    if config is None:
+        args = sd.get("model_args") if isinstance(sd, Mapping) else None
+        if not isinstance(args, Mapping):
+            raise ValueError(
+                f"{os.fspath(path)} has no 'model_args' (it is not a nanoGPT ckpt.pt): pass config="
+            )
+        fields = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")
+        config = GPTConfig(**{k: args[k] for k in fields if k in args})
+    return from_torch(sd, config, **kwargs)

@@ -1,0 +1,179 @@
+"""nanoGPT's optimisation math as pure JAX/optax functions, and one `train_step`.
+
+What nanoGPT's train.py does per iteration, and where it is here:
+- lr = get_lr(iter_num) set on every param group   -> `get_lr`, used as an optax schedule of the
+  optimizer's step count (`lr_schedule`), so the lr is part of the optimizer state;
+- AdamW, decay on ndim >= 2 (wte and wpe included), betas, eps 1e-8 -> `configure_optimizers`;
+- gradient_accumulation_steps micro-steps of backward(loss / accum) -> `loss_and_grads`;
+- clip_grad_norm_(max_norm): coef = min(1, max_norm / (norm + 1e-6)) -> `clip_by_global_norm`
+  (optax.clip_by_global_norm has no 1e-6);
+- optimizer.step()                                   -> `train_step` (nnx.Optimizer.update);
+- estimate_mfu (6N + 12 L H Q T per token)           -> `flops_per_token`, `estimate_mfu`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from models.gpt.modeling import GPT, GPTConfig
+
+# Dense bf16 peak FLOP/s per device. nanoGPT hard-codes the A100's 312e12.
+PEAK_FLOPS = {
+    "A100": 312e12,
+    "H100": 989e12,
+    "TPUv3": 123e12,
+    "TPUv4": 275e12,
+    "TPUv5e": 197e12,
+    "TPUv6e": 918e12,
+}
+
+
+def get_lr(it, *, learning_rate, warmup_iters, lr_decay_iters, min_lr):
+    """nanoGPT's schedule: linear warmup (it+1)/(warmup+1), cosine to min_lr, then min_lr.
+
+    A Python int gives a Python float (exactly nanoGPT's double arithmetic); a JAX integer (e.g.
+    the optimizer's step count inside jit) gives a JAX scalar of the same formula.
+    """
+    if isinstance(it, (int, np.integer)):
+        if it < warmup_iters:
+            return learning_rate * (it + 1) / (warmup_iters + 1)
+        if it > lr_decay_iters:
+            return min_lr
+        ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+        assert 0 <= ratio <= 1
+        return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
+    it = jnp.asarray(it)
+    warm = learning_rate * (it + 1) / (warmup_iters + 1)
+    ratio = jnp.clip((it - warmup_iters) / max(lr_decay_iters - warmup_iters, 1), 0.0, 1.0)
+    cos = min_lr + 0.5 * (1.0 + jnp.cos(jnp.pi * ratio)) * (learning_rate - min_lr)
+    return jnp.where(it < warmup_iters, warm, jnp.where(it > lr_decay_iters, min_lr, cos))
+
+
+def lr_schedule(
+    *, learning_rate, warmup_iters, lr_decay_iters, min_lr, decay_lr: bool = True
+) -> Callable:
+    """optax schedule: step count -> lr (nanoGPT's iter_num is the optimizer's update count)."""
+    if not decay_lr:
+        return lambda count: learning_rate
+    kw = dict(
+        learning_rate=learning_rate,
+        warmup_iters=warmup_iters,
+        lr_decay_iters=lr_decay_iters,
+        min_lr=min_lr,
+    )
+    return lambda count: get_lr(count, **kw)
+
+
+def decay_mask(params):
+    """nanoGPT's two groups: decay every tensor with ndim >= 2 (Linear kernels, wte, wpe)."""
+    return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
+
+
+def configure_optimizers(
+    *, weight_decay: float, learning_rate, betas=(0.9, 0.95), eps: float = 1e-8
+) -> optax.GradientTransformation:
+    """torch.optim.AdamW over nanoGPT's decay / no-decay groups.
+
+    `learning_rate` is a float or a schedule (see `lr_schedule`). optax.adamw and torch AdamW
+    are the same math: decoupled decay scaled by lr, eps added after sqrt(v_hat).
+    Clipping is not in the chain: `train_step` applies torch's formula before the update.
+    """
+    return optax.adamw(
+        learning_rate=learning_rate,
+        b1=betas[0],
+        b2=betas[1],
+        eps=eps,
+        weight_decay=weight_decay,
+        mask=decay_mask,
+    )
+
+
+def global_norm(grads):
+    """torch clip_grad_norm_'s total norm: the 2-norm of the per-tensor 2-norms."""
+    norms = [jnp.linalg.norm(g.ravel()) for g in jax.tree.leaves(grads)]
+    return jnp.linalg.norm(jnp.stack(norms))
+
+
+def clip_by_global_norm(grads, max_norm: float):
+    """torch.nn.utils.clip_grad_norm_: scale by min(1, max_norm / (norm + 1e-6)). -> (grads, norm)."""
+    norm = global_norm(grads)
+    coef = jnp.minimum(max_norm / (norm + 1e-6), 1.0)
+    return jax.tree.map(lambda g: g * coef.astype(g.dtype), grads), norm
+
+
+def loss_and_grads(model: GPT, x_abt, y_abt):
+    """Gradient accumulation: -> (mean micro-batch loss, grads of nnx.Param).
+
+    x_abt / y_abt hold `A` micro-batches on the leading axis. As nanoGPT, each micro-step
+    differentiates loss / A and the gradients are summed (torch accumulates into .grad). Dropout
+    RNG state advances in `model` (it is carried through the scan and written back).
+    """
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    A = x_abt.shape[0]
+
+    def micro_loss(params, rest, x_bt, y_bt):
+        m = nnx.merge(graphdef, params, rest)
+        _, loss = m(x_bt, y_bt)
+        return loss / A, nnx.split(m, nnx.Param, ...)[2]
+
+    def body(carry, xy):
+        grads, loss_sum, rest = carry
+        (loss, rest), g = jax.value_and_grad(micro_loss, has_aux=True)(params, rest, *xy)
+        return (jax.tree.map(jnp.add, grads, g), loss_sum + loss, rest), None
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    loss0 = jnp.zeros((), model.config.norm_dtype)
+    (grads, loss, rest), _ = jax.lax.scan(body, (zeros, loss0, rest), (x_abt, y_abt))
+    nnx.update(model, rest)
+    return loss, grads
+
+
+def train_step(model: GPT, optimizer: nnx.Optimizer, x_abt, y_abt, *, grad_clip: float = 1.0):
+    """One nanoGPT iteration in place: accumulate, clip (grad_clip=0 disables), AdamW update.
+
+    `optimizer` is `nnx.Optimizer(model, configure_optimizers(...), wrt=nnx.Param)`; its schedule
+    sets the lr from its step count. Call it under jax.jit (after nnx.merge) or nnx.jit.
+    Returns {'loss': mean micro-batch loss, 'grad_norm': norm before clipping}.
+    """
+    loss, grads = loss_and_grads(model, x_abt, y_abt)
+    if grad_clip:
+        grads, grad_norm = clip_by_global_norm(grads, grad_clip)
+    else:
+        grad_norm = global_norm(grads)
+    optimizer.update(model, grads)
+    return {"loss": loss, "grad_norm": grad_norm}
+
+
+def get_num_params(config: GPTConfig, non_embedding: bool = True) -> int:
+    """GPT.get_num_params from the config alone (no arrays): tied wte once, minus wpe if asked."""
+    C, L, b = config.n_embd, config.n_layer, int(config.bias)
+    ln = C * (1 + b)
+    per_layer = 2 * ln + (3 * C * C + b * 3 * C) + (C * C + b * C)
+    per_layer += (4 * C * C + b * 4 * C) + (4 * C * C + b * C)
+    n = config.vocab_size * C + config.block_size * C + L * per_layer + ln
+    return n - config.block_size * C if non_embedding else n
+
+
+def flops_per_token(config: GPTConfig) -> int:
+    """nanoGPT's (PaLM appendix B) cost: 6N + 12 L H Q T with T = config.block_size."""
+    N = get_num_params(config)
+    L, H, Q, T = config.n_layer, config.n_head, config.n_embd // config.n_head, config.block_size
+    return 6 * N + 12 * L * H * Q * T
+
+
+def estimate_mfu(config: GPTConfig, fwdbwd_per_iter: int, dt: float, peak_flops=312e12) -> float:
+    """Model FLOPs utilisation: (flops_per_token * T * fwdbwd_per_iter / dt) / peak.
+
+    `peak_flops` is FLOP/s per device or a key of PEAK_FLOPS ('A100', 'H100', 'TPUv4', ...).
+    nanoGPT fixes it at the A100's 312e12 (hence MFU > 100% reported on H100).
+    """
+    peak = PEAK_FLOPS[peak_flops] if isinstance(peak_flops, str) else float(peak_flops)
+    flops_per_iter = flops_per_token(config) * config.block_size * fwdbwd_per_iter
+    return flops_per_iter / dt / peak

@@ -1,0 +1,96 @@
+"""Forward parity, module by module, of the NNX nanoGPT against our PyTorch nanoGPT."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from parity import report_gpt
+from parity.compare import FLOAT64, assert_close
+
+TINY = dict(block_size=16, vocab_size=65, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True)
+
+
+def _assert_rows(rows):
+    bad = [r.message() for r in rows if not r.passed]
+    assert not bad, f"{len(bad)} of {len(rows)} module outputs differ:\n" + "\n".join(bad)
+    assert [r.name for r in rows][:2] == ["embeddings", "h.0.ln_1"] and rows[-1].name == "loss"
+
+
+def test_forward_float64_module_by_module(x64):
+    _assert_rows(report_gpt.run("float64", TINY))
+
+
+def test_forward_float32_module_by_module():
+    _assert_rows(report_gpt.run("float32", TINY))
+
+
+def test_forward_bfloat16_vs_torch_cpu_autocast():
+    # The JAX bf16 policy (bf16 matmuls, fp32 LN/softmax/CE/residual) against torch.autocast.
+    _assert_rows(report_gpt.run("bfloat16", TINY))
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(bias=False),  # what train.py trains: no biases anywhere
+        dict(gelu_approximate=True),  # pre-2023 nanoGPT / HF GPT-2 tanh GELU
+    ],
+    ids=["no_bias", "tanh_gelu"],
+)
+def test_forward_float64_variants(x64, variant):
+    _assert_rows(report_gpt.run("float64", {**TINY, **variant}))
+
+
+def test_forward_float64_vs_torch_manual_attention(x64):
+    # nanoGPT's fallback path (masked softmax + attn_dropout, mask buffer attn.bias).
+    _assert_rows(report_gpt.run("float64", TINY, flash=False))
+
+
+def test_inference_head_last_position_only(x64):
+    tmodel, jmodel = report_gpt.build_pair(TINY, "float64")
+    idx, _ = report_gpt.batch(TINY)
+    logits, loss = jmodel(jnp.asarray(idx.numpy()[:, :7]))
+    assert loss is None and logits.shape == (2, 1, TINY["vocab_size"])
+    with torch.no_grad():
+        t_logits, t_loss = tmodel(idx[:, :7])
+    assert t_loss is None
+    assert_close("logits (B, 1, V)", logits, t_logits, FLOAT64)
+
+
+def test_loss_ignores_minus_one_targets(x64):
+    tmodel, jmodel = report_gpt.build_pair(TINY, "float64")
+    idx, targets = report_gpt.batch(TINY)
+    targets[0, :5] = -1
+    targets[1, 9] = -1
+    _, loss = jmodel(jnp.asarray(idx.numpy()), jnp.asarray(targets.numpy()))
+    with torch.no_grad():
+        _, t_loss = tmodel(idx, targets)
+    assert_close("loss with ignore_index=-1", loss, t_loss, FLOAT64)
+    # and ignoring matters: the same batch with those targets counted gives another loss
+    _, loss_all = jmodel(jnp.asarray(idx.numpy()), jnp.asarray(np.maximum(targets.numpy(), 0)))
+    assert abs(float(loss_all) - float(loss)) > 1e-6
+
+
+def test_sequence_longer_than_block_size_is_refused():
+    _, jmodel = report_gpt.build_pair(TINY, "float32")
+    with pytest.raises(ValueError, match="block size is only 16"):
+        jmodel(jnp.zeros((1, 17), jnp.int32))
+
+
+def test_bfloat16_policy_dtypes():
+    """Params fp32, residual stream fp32, logits bf16 (as lm_head under autocast), loss fp32."""
+    _, jmodel = report_gpt.build_pair(TINY, "bfloat16")
+    idx, targets = report_gpt.batch(TINY)
+    logits, loss = jmodel(jnp.asarray(idx.numpy()), jnp.asarray(targets.numpy()))
+    assert jmodel.wte.embedding[...].dtype == jnp.float32
+    assert jmodel.h[0].mlp.c_fc.kernel[...].dtype == jnp.float32
+    assert logits.dtype == jnp.bfloat16 and loss.dtype == jnp.float32
+    acts = report_gpt.jax_activations(
+        jmodel, jnp.asarray(idx.numpy()), jnp.asarray(targets.numpy())
+    )
+    assert acts["h.0.attn"].dtype == jnp.bfloat16  # branch output of a bf16 matmul
+    assert acts["h.0.ln_2"].dtype == jnp.float32  # LN of the fp32 residual stream
+    assert acts["embeddings"].dtype == jnp.float32  # lookups are not rounded to bf16
