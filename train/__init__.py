@@ -1,0 +1,1 @@
+"""The trainer: `python -m train.main +experiment=NAME`. See docs/training.md."""

@@ -1,0 +1,224 @@
+"""The configuration schema of the trainer, and its validation.
+
+Hydra composes `configs/config.yaml` + `configs/<group>/*.yaml` + `+experiment=NAME` + command-line
+overrides ON TOP OF the dataclasses below (registered in Hydra's ConfigStore as `base_config`), so
+an unknown key or a wrongly typed value in any trainer section is rejected by OmegaConf while
+composing. `model`, `data` and `optim` are free-form mappings whose keys depend on the task; they are
+checked by `validate`, which builds the model's own config dataclass (`TRMConfig` / `GPTConfig`) and
+the optimiser dataclasses below from them, so a misspelt model field fails there, before any array is
+created. Every error is a `ConfigError` naming the dotted key and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+TASKS = ("trm", "gpt")
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or out of range (message names the key)."""
+
+
+@dataclass
+class RunConfig:
+    name: str = MISSING  # deterministic: also the wandb run id, so a resumed run continues it
+    out_dir: str = "runs"  # the run directory is <out_dir>/<name>
+    seed: int = 0
+    resume: bool = True  # resume automatically from the latest checkpoint in the run directory
+
+
+@dataclass
+class TrainerConfig:
+    global_batch_size: int = MISSING  # examples (TRM) or sequences per micro-step x accum (GPT)
+    # Stop after this many optimiser steps. 0 = derive it (TRM: epochs x examples / batch, as
+    # upstream; GPT: max_iters + 1, as nanoGPT's loop).
+    total_steps: int = 0
+    max_steps: int = 0  # if > 0, stop early at this step (tests; does not change the schedule)
+    epochs: int = 0  # TRM only: upstream `epochs`
+    eval_interval: int = 0  # steps between evaluations (0 = only at the end)
+    log_interval: int = 10
+    eval_iters: int = 0  # GPT only: batches per split in estimate_loss
+    gradient_accumulation_steps: int = 1  # GPT only (global count, as nanoGPT)
+    init_from: str = "scratch"  # scratch | <upstream TRM ckpt> | <nanoGPT ckpt.pt> | gpt2* (HF)
+    eval_at_start: bool = False
+    progress_bar: bool = True  # tqdm, only on an interactive terminal
+
+
+@dataclass
+class MeshConfig:
+    # Degrees of the three mesh axes; one may be -1 = "all remaining devices".
+    data: int = 1
+    fsdp: int = -1
+    tensor: int = 1
+    # Auto (GSPMD propagation, MaxText's default) or explicit (sharding in types; needs
+    # out_sharding on every op). The trainer is written for auto; see docs/training.md.
+    axis_types: str = "auto"
+    # replicate: every device holds all params (pure data parallel over data x fsdp);
+    # fsdp: each param is split over the fsdp axis along its largest divisible dimension.
+    param_sharding: str = "replicate"
+    # Logical axis -> mesh axes, first match wins (MaxText style). `batch` shards the global batch
+    # and the TRM carry.
+    rules: list[Any] = field(
+        default_factory=lambda: [
+            ["batch", ["data", "fsdp"]],
+            ["embed", "fsdp"],
+            ["mlp", "tensor"],
+            ["heads", "tensor"],
+            ["vocab", "tensor"],
+        ]
+    )
+
+
+@dataclass
+class LoggingConfig:
+    wandb: str = "auto"  # auto (online with an API key, else offline) | online | offline | disabled
+    project: str = "trm-jax-port"
+    jsonl: bool = True  # <run dir>/metrics.jsonl, always written by process 0 unless disabled
+
+
+@dataclass
+class CheckpointConfig:
+    interval: int = 0  # steps between checkpoints (0 = at every eval and at the end)
+    keep_last: int = 2
+    keep_best: bool = True  # also keep the best checkpoint by `best_metric`
+    best_metric: str = ""  # e.g. val/loss (GPT) or eval/all/exact_accuracy (TRM)
+    best_mode: str = "min"  # min | max
+    async_save: bool = True
+    enabled: bool = True
+
+
+@dataclass
+class Config:
+    task: str = MISSING  # trm | gpt
+    run: RunConfig = field(default_factory=RunConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    model: dict[str, Any] = field(default_factory=dict)  # kwargs of TRMConfig / GPTConfig
+    data: dict[str, Any] = field(default_factory=dict)  # task-specific, see train/tasks
+    optim: dict[str, Any] = field(default_factory=dict)  # TRMOptimConfig / GPTOptimConfig
+
+
+@dataclass
+class TRMOptimConfig:
+    """Upstream pretrain.py's optimiser keys (names and defaults of cfg_pretrain.yaml)."""
+
+    lr: float = 1e-4
+    lr_min_ratio: float = 1.0
+    lr_warmup_steps: int = 2000
+    beta1: float = 0.9
+    beta2: float = 0.95
+    weight_decay: float = 0.1
+    puzzle_emb_lr: float = 1e-2
+    puzzle_emb_weight_decay: float = 0.1
+    ema: bool = False
+    ema_rate: float = 0.999
+    freeze_weights: bool = False
+
+
+@dataclass
+class GPTOptimConfig:
+    """nanoGPT train.py's optimiser keys (names and defaults of train.py)."""
+
+    learning_rate: float = 6e-4
+    max_iters: int = 600000
+    weight_decay: float = 1e-1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    decay_lr: bool = True
+    warmup_iters: int = 2000
+    lr_decay_iters: int = 600000
+    min_lr: float = 6e-5
+
+
+def register_schema() -> None:
+    """Registers `Config` as `base_config` in Hydra's ConfigStore (configs/config.yaml extends it)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="base_config", node=Config)
+
+
+def build_dataclass(cls, mapping, where: str):
+    """`cls(**mapping)` with errors that name the config section and the bad key."""
+    mapping = dict(mapping or {})
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(mapping) - names)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) {unknown}; {cls.__name__} accepts {sorted(names)}"
+        )
+    try:
+        return cls(**mapping)
+    except (TypeError, ValueError, AssertionError) as e:
+        raise ConfigError(f"{where}: {cls.__name__}({mapping}) failed: {e}") from e
+
+
+def _positive(value, where: str, allow_zero: bool = False):
+    if not isinstance(value, int | float) or value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{where} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+def to_container(cfg) -> dict:
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    return cfg
+
+
+def validate(cfg: DictConfig) -> None:
+    """Checks every value the trainer reads; raises ConfigError before any compute.
+
+    The model/optim sections are validated by building their dataclasses (unknown keys and
+    wrong types fail here), so a typo never reaches jit.
+    """
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(
+            f"missing value(s) for {missing}; did you forget +experiment=NAME (configs/experiment/)?"
+        )
+    if cfg.task not in TASKS:
+        raise ConfigError(f"task must be one of {TASKS}, got {cfg.task!r}")
+    t = cfg.trainer
+    _positive(t.global_batch_size, "trainer.global_batch_size")
+    _positive(t.log_interval, "trainer.log_interval")
+    for key in ("total_steps", "max_steps", "epochs", "eval_interval", "eval_iters"):
+        _positive(t[key], f"trainer.{key}", allow_zero=True)
+    _positive(t.gradient_accumulation_steps, "trainer.gradient_accumulation_steps")
+    m = cfg.mesh
+    sizes = [m.data, m.fsdp, m.tensor]
+    if sum(s == -1 for s in sizes) > 1 or any(s == 0 or s < -1 for s in sizes):
+        raise ConfigError(f"mesh: degrees must be >= 1 with at most one -1, got {sizes}")
+    if m.axis_types not in ("auto", "explicit"):
+        raise ConfigError(f"mesh.axis_types must be auto or explicit, got {m.axis_types!r}")
+    if m.param_sharding not in ("replicate", "fsdp"):
+        raise ConfigError(
+            f"mesh.param_sharding must be replicate or fsdp, got {m.param_sharding!r}"
+        )
+    for i, rule in enumerate(m.rules):
+        if len(rule) != 2 or not isinstance(rule[0], str):
+            raise ConfigError(f"mesh.rules[{i}] must be [logical_name, mesh_axes], got {rule}")
+    if cfg.logging.wandb not in ("auto", "online", "offline", "disabled"):
+        raise ConfigError(
+            f"logging.wandb must be auto|online|offline|disabled, got {cfg.logging.wandb!r}"
+        )
+    c = cfg.checkpoint
+    _positive(c.interval, "checkpoint.interval", allow_zero=True)
+    _positive(c.keep_last, "checkpoint.keep_last")
+    if c.best_mode not in ("min", "max"):
+        raise ConfigError(f"checkpoint.best_mode must be min or max, got {c.best_mode!r}")
+    if cfg.task == "trm":
+        build_dataclass(TRMOptimConfig, cfg.optim, "optim")
+        if t.total_steps == 0 and t.epochs == 0:
+            raise ConfigError("trainer: TRM needs trainer.epochs (or trainer.total_steps) > 0")
+    else:
+        o = build_dataclass(GPTOptimConfig, cfg.optim, "optim")
+        if o.decay_lr and o.lr_decay_iters < o.warmup_iters:
+            raise ConfigError("optim.lr_decay_iters must be >= optim.warmup_iters")
+        if t.eval_interval and t.eval_iters == 0:
+            raise ConfigError("trainer.eval_iters must be > 0 when trainer.eval_interval > 0")

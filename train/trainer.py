@@ -1,0 +1,134 @@
+"""The training loop, shared by both models: read top to bottom.
+
+    state = init or restore  ->  for step: batch -> jitted step (donated state) -> log one step
+    late -> eval / checkpoint when due  ->  final eval + checkpoint
+
+Nothing in the loop waits on the device except evaluation and checkpointing (both by design);
+metrics of step N are converted to floats after step N+1 is dispatched (train/metrics.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+import jax
+import numpy as np
+from omegaconf import OmegaConf
+
+from train import step as step_lib
+from train.checkpoint import Checkpointer
+from train.metrics import MetricLogger
+from train.task import peak_flops
+
+log = logging.getLogger(__name__)
+
+
+def run_dir_of(cfg) -> str:
+    return os.path.join(cfg.run.out_dir, cfg.run.name)
+
+
+def train(cfg, mesh) -> dict:
+    """Runs (or resumes) the experiment `cfg` on `mesh`; returns the last logged metrics."""
+    run_dir = run_dir_of(cfg)
+    task = step_lib.make_task(cfg, mesh)
+    config_dict = OmegaConf.to_container(cfg, resolve=True)
+    if jax.process_index() == 0:  # only process 0 writes files outside Orbax
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, "config.yaml"), "w") as f:
+            f.write(OmegaConf.to_yaml(cfg, resolve=True))
+
+    ckpt = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.checkpoint)
+    data_iter = task.train_iterator()
+    step, meta = 0, {}
+    latest = ckpt.latest_step() if cfg.run.resume else None
+    if latest is not None:
+        abstract = step_lib.with_shardings(task.abstract_state, task.state_shardings)
+        state, meta = ckpt.restore(latest, abstract, data_iter)
+        step = int(meta["step"])
+        log.info("resumed %s from step %d", run_dir, step)
+    else:
+        state = task.create_state()
+        if cfg.trainer.init_from not in ("", "scratch"):
+            state = task.import_weights(state, cfg.trainer.init_from)
+    step_fn = step_lib.jit_train_step(task)
+
+    t = cfg.trainer
+    total = task.total_steps
+    stop = min(total, t.max_steps) if t.max_steps else total
+    eval_every = getattr(task, "eval_interval_steps", 0) or t.eval_interval
+    ckpt_every = cfg.checkpoint.interval
+    logger = MetricLogger(run_dir, cfg, cfg.run.name, config_dict, stop)
+    n_dev = mesh.devices.size
+    peak = peak_flops() * n_dev
+    best = meta.get("best")
+    last = {}
+
+    def do_eval(at_step):
+        nonlocal best, last
+        metrics = task.evaluate(state, at_step)
+        if metrics:
+            logger.write_now(at_step, metrics)
+            key = cfg.checkpoint.best_metric
+            if key in metrics:
+                better = best is None or (
+                    metrics[key] < best
+                    if cfg.checkpoint.best_mode == "min"
+                    else metrics[key] > best
+                )
+                best = metrics[key] if better else best
+            last = {**last, **metrics}
+        return metrics
+
+    def do_save(at_step, metrics=None):
+        if not cfg.checkpoint.enabled:
+            return
+        numeric = {k: v for k, v in (metrics or {}).items() if isinstance(v, float | int)}
+        ckpt.save(
+            at_step,
+            state,
+            data_iter,
+            meta={"step": at_step, "best": best},
+            metrics=numeric or None,
+            force=True,
+        )
+
+    if t.eval_at_start and step == 0:
+        do_eval(0)
+    # Step time is averaged over each logging window: with async dispatch the host runs ahead of
+    # the device, and only the device_get of the previous window's metrics paces it.
+    window = (time.perf_counter(), step)
+    with jax.set_mesh(mesh):
+        while step < stop:
+            batch = task.to_global(next(data_iter))
+            state, metrics = step_fn(state, batch)  # async dispatch: returns before it finishes
+            step += 1
+            if step % t.log_interval == 0 or step == stop:
+                now = time.perf_counter()
+                dt = (now - window[0]) / max(step - window[1], 1)
+                window = (now, step)
+                host = {
+                    "step_time_ms": 1e3 * dt,
+                    f"{task.items_name}_per_s": task.items_per_step / dt,
+                    "mfu": task.flops_per_step / dt / peak,
+                }
+                logger.push(step, {f"train/{k}": v for k, v in metrics.items()}, host)
+            eval_due = eval_every and step % eval_every == 0
+            evaled = do_eval(step) if eval_due or step == stop else None
+            if (ckpt_every and step % ckpt_every == 0) or eval_due or step == stop:
+                do_save(step, evaled)
+            if evaled is not None or (ckpt_every and step % ckpt_every == 0):
+                window = (time.perf_counter(), step)  # eval/checkpoint time is not step time
+        logger.flush()
+    ckpt.close()
+    logger.close()
+    if jax.process_index() == 0:
+        with open(os.path.join(run_dir, "final.json"), "w") as f:
+            json.dump({"step": step, **_jsonable(last)}, f)
+    return {"step": step, **last}
+
+
+def _jsonable(d):
+    return {k: (float(v) if isinstance(v, np.floating | float) else v) for k, v in d.items()}
