@@ -1,0 +1,19 @@
+"""`python -m bench [...]` (step-time benchmark) and `python -m bench ttq [...]` (time to quality)."""
+
+import sys
+
+
+def _main() -> None:
+    argv = sys.argv[1:]
+    if argv and argv[0] == "ttq":
+        from bench.ttq import main as ttq_main
+
+        ttq_main(argv[1:])
+    else:
+        from bench.harness import main
+
+        main(argv)
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,321 @@
+"""The implementations a benchmark compares, each behind the same small interface.
+
+    runner = make_runner(spec)      # spec: impl, device, config, seed, jax_overrides
+    info = runner.setup()           # build model + optimiser + one fixed batch on the device
+    seconds, loss = runner.run(n)   # n train steps, then ONE device sync; wall time of all n
+    runner.stats()                  # memory, compile count
+
+- `jax`: the trainer's real step: `train.step.make_task` + `jit_train_step` (jax.jit with the
+  state's NamedShardings on a mesh of every visible device, state donated), state created by
+  `task.create_state()` directly in its shards, the batch placed by `task.to_global`.
+- `torch_eager` / `torch_compile`: our PyTorch references (parity/gpt_torch.py, parity/trm_torch/)
+  with the same optimiser work as the JAX step: nanoGPT's loop body for GPT (lr from get_lr,
+  AdamW over decay/no-decay groups, clip_grad_norm_ 1.0); upstream's train_batch for TRM
+  (SignSGD on the puzzle rows, then AdamATan2, then the EMA). `torch_compile` wraps the model
+  in torch.compile, as nanoGPT's train.py and upstream's pretrain.py do (optimiser stays eager).
+
+Both sides draw the batch from the same numpy generator and seed, so they see identical inputs.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from bench import configs as bench_configs
+
+
+def make_batch(cfg: bench_configs.BenchConfig, seed: int) -> dict[str, np.ndarray]:
+    """One fixed batch, identical for every implementation (nanoGPT bench.py's fixed-batch mode)."""
+    rng = np.random.default_rng(seed)
+    B = cfg.batch_size
+    if cfg.family == "gpt":
+        T, V = cfg.model["block_size"], cfg.model["vocab_size"]
+        data = rng.integers(0, V, size=(B, T + 1))
+        return {"x": data[:, :-1].astype(np.int64), "y": data[:, 1:].astype(np.int64)}
+    S, V = cfg.model["seq_len"], cfg.model["vocab_size"]
+    # Sudoku-like ids: 1 = blank, 2..V-1 = digits; labels are the full solution (all digits).
+    inputs = rng.integers(1, V, size=(B, S))
+    labels = rng.integers(2, V, size=(B, S))
+    n_ids = cfg.model.get("num_puzzle_identifiers", 1)
+    ids = rng.integers(0, n_ids, size=(B,))
+    return {
+        "inputs": inputs.astype(np.int32),
+        "labels": labels.astype(np.int32),
+        "puzzle_identifiers": ids.astype(np.int32),
+    }
+
+
+def make_runner(spec: dict):
+    cfg = bench_configs.get(spec["config"])
+    impl = spec["impl"]
+    if impl == "jax":
+        return JaxRunner(cfg, spec)
+    if impl in ("torch_eager", "torch_compile"):
+        cls = TorchGPTRunner if cfg.family == "gpt" else TorchTRMRunner
+        return cls(cfg, spec, compile=impl == "torch_compile")
+    raise ValueError(f"bench: unknown impl {impl!r}")
+
+
+# ----------------------------------------------------------------------------------------------
+# JAX: the trainer's step
+
+
+def trainer_config(cfg: bench_configs.BenchConfig, *, seed: int, overrides: dict | None = None):
+    """The trainer's config (train/config.py schema) for a bench config, no data on disk needed."""
+    from omegaconf import OmegaConf
+
+    from train.config import Config
+
+    model = dict(cfg.model)
+    if cfg.family == "gpt":
+        model["dtype"] = cfg.dtype
+    model.update(overrides or {})
+    optim = dict(cfg.optim)
+    trainer = {"global_batch_size": cfg.batch_size, "progress_bar": False}
+    if cfg.family == "trm":
+        trainer["total_steps"] = int(optim.pop("total_steps"))
+    else:
+        trainer["gradient_accumulation_steps"] = 1
+    base = OmegaConf.structured(Config)
+    return OmegaConf.merge(
+        base,
+        {
+            "task": cfg.family,
+            "run": {"name": f"bench-{cfg.name}", "seed": seed},
+            "trainer": trainer,
+            "mesh": {
+                "data": 1,
+                "fsdp": -1,
+                "tensor": 1,
+                "axis_types": "auto",
+                "param_sharding": "replicate",
+            },
+            "logging": {"wandb": "disabled", "jsonl": False},
+            "checkpoint": {"enabled": False},
+            "model": model,
+            "optim": optim,
+        },
+    )
+
+
+class _CompileCounter:
+    """Counts XLA backend compilations in this process (jax.monitoring duration events)."""
+
+    count = 0
+    _registered = False
+
+    @classmethod
+    def install(cls):
+        if cls._registered:
+            return
+        import jax
+
+        def listener(event, duration_secs, **kwargs):
+            if event == "/jax/core/compile/backend_compile_duration":
+                cls.count += 1
+
+        jax.monitoring.register_event_duration_secs_listener(listener)
+        cls._registered = True
+
+
+class JaxRunner:
+    def __init__(self, cfg, spec):
+        self.cfg, self.spec = cfg, spec
+
+    def setup(self) -> dict:
+        import jax
+
+        from train import mesh as mesh_lib
+        from train.step import jit_train_step, make_task
+
+        _CompileCounter.install()
+        self.tcfg = trainer_config(
+            self.cfg, seed=self.spec["seed"], overrides=self.spec.get("jax_overrides")
+        )
+        self.mesh = mesh_lib.make_mesh(self.tcfg.mesh)
+        self.task = make_task(self.tcfg, self.mesh, need_data=False)
+        self.step_fn = jit_train_step(self.task)
+        self.state = self.task.create_state()
+        batch = make_batch(self.cfg, self.spec["seed"])
+        if self.cfg.family == "gpt":
+            batch = {k: v[None].astype(np.int32) for k, v in batch.items()}  # [accum=1, B, T]
+        self.batch = self.task.to_global(batch)
+        jax.block_until_ready((self.state, self.batch))
+        dev = jax.devices()[0]
+        return {
+            "framework": "jax " + jax.__version__,
+            "device": f"{dev.platform}:{dev.device_kind}",
+            "num_devices": jax.device_count(),
+            "mesh": dict(self.mesh.shape),
+            "step": "train.step.jit_train_step(train.step.make_task(cfg, mesh)) "
+            "(jax.jit, NamedShardings, donate_argnums=0)",
+            "task_flops_per_step": float(getattr(self.task, "flops_per_step", 0.0)),
+            # params + optimiser state (+ TRM carry), in elements
+            "state_elements": int(
+                sum(x.size for x in jax.tree.leaves(self.state) if hasattr(x, "size"))
+            ),
+        }
+
+    def run(self, n: int):
+        import jax
+
+        t0 = time.perf_counter()
+        metrics = None
+        for _ in range(n):
+            self.state, metrics = self.step_fn(self.state, self.batch)
+        jax.block_until_ready((self.state, metrics))
+        dt = time.perf_counter() - t0
+        return dt, float(np.asarray(metrics["loss"]))
+
+    def stats(self) -> dict:
+        import jax
+
+        out = {"compiles": _CompileCounter.count}
+        dev = jax.devices()[0]
+        if dev.platform != "cpu":
+            ms = dev.memory_stats() or {}
+            out["device_peak_bytes"] = ms.get("peak_bytes_in_use")
+        return out
+
+
+# ----------------------------------------------------------------------------------------------
+# PyTorch: shared helpers
+
+
+def _torch_setup(device: str):
+    import torch
+
+    from bench.flops import cpu_count
+
+    if device == "gpu":
+        torch.backends.cuda.matmul.allow_tf32 = True  # nanoGPT train.py sets both
+        torch.backends.cudnn.allow_tf32 = True
+        return torch.device("cuda")
+    torch.set_num_threads(cpu_count())  # what JAX's CPU client uses too: every core
+    return torch.device("cpu")
+
+
+def _torch_sync(dev):
+    import torch
+
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _torch_stats(dev) -> dict:
+    import torch
+
+    out = {}
+    if dev.type == "cuda":
+        out["device_peak_bytes"] = torch.cuda.max_memory_allocated()
+    try:
+        from torch._dynamo.utils import counters
+
+        out["compiles"] = int(counters["stats"]["unique_graphs"])
+    except Exception:  # noqa: BLE001 - dynamo internals move between versions
+        out["compiles"] = None
+    return out
+
+
+def _torch_info(dev, model, compile: bool) -> dict:
+    import torch
+
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    return {
+        "framework": "torch " + torch.__version__,
+        "device": f"{dev.type}:{name}",
+        "torch_threads": torch.get_num_threads(),
+        "compiled": compile,
+        "param_count": sum(p.numel() for p in model.parameters()),
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# PyTorch nanoGPT
+
+
+class TorchGPTRunner:
+    def __init__(self, cfg, spec, compile: bool):
+        self.cfg, self.spec, self.compile = cfg, spec, compile
+
+    def setup(self) -> dict:
+        import contextlib
+
+        import torch
+
+        from parity.gpt_torch import GPT, GPTConfig, get_lr
+
+        self.dev = _torch_setup(self.spec["device"])
+        torch.manual_seed(self.spec["seed"])
+        self.model = GPT(GPTConfig(**self.cfg.model)).to(self.dev)
+        self.model.train()
+        o = self.cfg.optim
+        self.optimizer = self.model.configure_optimizers(
+            o["weight_decay"], o["learning_rate"], (o["beta1"], o["beta2"]), self.dev.type
+        )
+        self.lr_kwargs = {
+            k: o[k] for k in ("learning_rate", "warmup_iters", "lr_decay_iters", "min_lr")
+        }
+        self.get_lr = get_lr
+        self.fwd = torch.compile(self.model) if self.compile else self.model
+        batch = make_batch(self.cfg, self.spec["seed"])
+        self.x = torch.from_numpy(batch["x"]).to(self.dev)
+        self.y = torch.from_numpy(batch["y"]).to(self.dev)
+        if self.cfg.dtype != "float32" and self.dev.type == "cuda":
+            dt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[self.cfg.dtype]
+            self.ctx = lambda: torch.amp.autocast(device_type="cuda", dtype=dt)
+        elif self.cfg.dtype != "float32":
+            self.ctx = lambda: torch.amp.autocast(device_type="cpu", dtype=torch.bfloat16)
+        else:
+            self.ctx = contextlib.nullcontext
+        self.iter_num = 0
+        return _torch_info(self.dev, self.model, self.compile)
+
+    def _step(self):
+        import torch
+
+        o = self.cfg.optim
+        lr = self.get_lr(self.iter_num, **self.lr_kwargs) if o["decay_lr"] else o["learning_rate"]
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        with self.ctx():
+            _, loss = self.fwd(self.x, self.y)
+        loss.backward()
+        if o["grad_clip"] != 0.0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), o["grad_clip"])
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.iter_num += 1
+        return loss
+
+    def run(self, n: int):
+        _torch_sync(self.dev)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            loss = self._step()
+        _torch_sync(self.dev)
+        dt = time.perf_counter() - t0
+        return dt, float(loss.detach().float().cpu())
+
+    def stats(self) -> dict:
+        return _torch_stats(self.dev)
+
+
+# ----------------------------------------------------------------------------------------------
+# PyTorch TRM
+
+
+class TorchTRMRunner:
+    def __init__(self, cfg, spec, compile: bool):
+        self.cfg, self.spec, self.compile = cfg, spec, compile
+
+    def setup(self) -> dict:
+        raise NotImplementedError("TRM PyTorch runner: waiting for parity/trm_torch")
+
+    def run(self, n: int):
+        raise NotImplementedError
+
+    def stats(self) -> dict:
+        return _torch_stats(self.dev)

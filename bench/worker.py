@@ -1,0 +1,96 @@
+"""One benchmark implementation per process, driven step by step over a pipe.
+
+Why a process each: JAX and PyTorch each start a thread pool sized to the machine; in one process
+the idle one can still spin and steal cycles from the other, and host RSS could not be told apart.
+Here only one worker computes at a time (the parent waits for its answer before it wakes the
+next), so A B A B interleaving is real, each has the whole machine while it runs, and each
+reports its own peak memory. Nothing heavy is imported at module level: the environment
+(JAX_PLATFORMS, XLA_FLAGS, thread counts) must be set before jax/torch load.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import sys
+import time
+import traceback
+
+_FAKE_DEVICES = re.compile(r"--xla_force_host_platform_device_count=\d+")
+
+
+def rss_bytes() -> int:
+    """Current resident set size of this process (Linux /proc; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+def peak_rss_bytes() -> int:
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb * (1 if sys.platform == "darwin" else 1024)
+
+
+def prepare_env(impl: str, device: str, threads: int | None = None) -> None:
+    """Environment a worker needs before jax/torch are imported.
+
+    `threads`: pin this process to the first `threads` CPUs (sched_setaffinity) so that XLA's
+    and torch's thread pools, which size themselves from the schedulable CPUs, use that many.
+    """
+    if threads and hasattr(os, "sched_setaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))[:threads]
+        os.sched_setaffinity(0, cpus)
+    # The test suite's 8 fake CPU devices would split 2 cores 8 ways: benchmarks use the real ones.
+    os.environ["XLA_FLAGS"] = _FAKE_DEVICES.sub("", os.environ.get("XLA_FLAGS", "")).strip()
+    if impl.startswith("jax"):
+        os.environ["JAX_PLATFORMS"] = "cuda" if device == "gpu" else "cpu"
+        # Two processes share one GPU: do not let XLA grab 75% of it up front.
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def worker_main(conn, spec: dict) -> None:
+    """Entry point of a worker process (multiprocessing 'spawn' target).
+
+    Protocol (parent -> worker): ("run", n_steps) | ("stats", None) | ("close", None).
+    Every answer is ("ok", payload) or ("error", traceback_text).
+    """
+    try:
+        prepare_env(spec["impl"], spec["device"], spec.get("threads"))
+        rss_start = rss_bytes()
+        from bench import runners
+
+        t0 = time.perf_counter()
+        runner = runners.make_runner(spec)
+        info = runner.setup()
+        info["setup_s"] = time.perf_counter() - t0
+        info["rss_start_bytes"] = rss_start
+        info["rss_after_setup_bytes"] = rss_bytes()
+        conn.send(("ok", info))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which prints it in the table
+        conn.send(("error", traceback.format_exc()))
+        conn.close()
+        return
+    while True:
+        cmd, arg = conn.recv()
+        if cmd == "close":
+            conn.send(("ok", None))
+            break
+        try:
+            if cmd == "run":
+                seconds, loss = runner.run(int(arg))
+                conn.send(("ok", {"seconds": seconds, "loss": loss}))
+            elif cmd == "eval":
+                conn.send(("ok", runner.evaluate(arg)))
+            elif cmd == "stats":
+                stats = runner.stats()
+                stats["peak_rss_bytes"] = peak_rss_bytes()
+                conn.send(("ok", stats))
+            else:
+                conn.send(("error", f"unknown command {cmd!r}"))
+        except BaseException:  # noqa: BLE001
+            conn.send(("error", traceback.format_exc()))
+    conn.close()
