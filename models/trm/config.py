@@ -1,0 +1,93 @@
+"""TRMConfig: upstream's config field names and the arch/trm.yaml defaults, plus our options."""
+
+from __future__ import annotations
+
+import dataclasses
+
+ARCHS = ("trm", "hrm", "trm_singlez", "trm_hier6", "transformers_baseline")
+
+
+@dataclasses.dataclass(frozen=True)
+class TRMConfig:
+    # Data fields (upstream fills them from dataset.json and the trainer); Sudoku-Extreme values.
+    batch_size: int = 768
+    seq_len: int = 81
+    # The upstream class default is 0, but every arch yaml sets it to hidden_size; we default to
+    # the value that actually runs (README Sudoku/ARC/Maze commands).
+    puzzle_emb_ndim: int = 512
+    num_puzzle_identifiers: int = 1
+    vocab_size: int = 11
+
+    # arch/trm.yaml
+    H_cycles: int = 3
+    L_cycles: int = 6
+    H_layers: int = 0  # ignored by TRM; HRM and the transformer baseline use it
+    L_layers: int = 2
+    hidden_size: int = 512
+    expansion: float = 4
+    num_heads: int = 8
+    pos_encodings: str = "rope"  # "rope" | "learned" | anything else: none
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    halt_max_steps: int = 16
+    halt_exploration_prob: float = 0.1
+    forward_dtype: str = "bfloat16"
+    mlp_t: bool = False
+    puzzle_emb_len: int = 16  # 0: ceil(puzzle_emb_ndim / hidden_size)
+    no_ACT_continue: bool = True
+
+    # transformers_baseline (Model_ACTV2) switches
+    act_enabled: bool = True
+    act_inference: bool = False
+
+    # Our options (not upstream)
+    arch: str = "trm"  # one of ARCHS: selects the inner recursion
+    remat: bool = False  # jax.checkpoint around every block (same values, less memory)
+    scan: bool = False  # lax.scan over the L cycles instead of a Python loop (smaller HLO)
+
+    def __post_init__(self):
+        if self.arch not in ARCHS:
+            raise ValueError(f"TRMConfig.arch={self.arch!r}: expected one of {ARCHS}")
+        if self.forward_dtype not in ("float32", "bfloat16", "float64", "float16"):
+            raise ValueError(
+                f"TRMConfig.forward_dtype={self.forward_dtype!r}: expected float32, bfloat16, "
+                "float16 or float64"
+            )
+        if not self.mlp_t and self.arch != "trm_singlez" and self.hidden_size < self.num_heads:
+            raise ValueError(
+                f"TRMConfig: hidden_size={self.hidden_size} < num_heads={self.num_heads}"
+            )
+        if self.arch == "trm_hier6" and self.L_cycles > 6:
+            raise ValueError(
+                f"TRMConfig: trm_hier6 has 6 latents, needs L_cycles <= 6, got {self.L_cycles}"
+            )
+        if self.arch == "transformers_baseline" and self.pos_encodings not in ("rope", "learned"):
+            raise ValueError(
+                "TRMConfig: transformers_baseline needs pos_encodings 'rope' or 'learned' "
+                f"(upstream raises NotImplementedError), got {self.pos_encodings!r}"
+            )
+
+    @property
+    def prefix_len(self) -> int:
+        """Rows of the puzzle-embedding prefix actually prepended to the tokens.
+
+        Upstream TRM uses `puzzle_emb_len` (or ceil(ndim/hidden) when it is 0); HRM and the
+        baseline always use ceil(ndim/hidden). With puzzle_emb_ndim=0 no prefix is prepended, and
+        upstream TRM still counts puzzle_emb_len rows in its shapes (crash 97 vs 81, spec §11):
+        we use 0, which is what upstream computes when puzzle_emb_len=0 as well.
+        """
+        if self.puzzle_emb_ndim <= 0:
+            return 0
+        ceil_len = -(self.puzzle_emb_ndim // -self.hidden_size)
+        if self.arch in ("hrm", "transformers_baseline") or self.puzzle_emb_len == 0:
+            return ceil_len
+        return self.puzzle_emb_len
+
+    @property
+    def total_len(self) -> int:
+        return self.seq_len + self.prefix_len
+
+    @property
+    def head_dim(self) -> int:
+        # transformers_baseline with 12 heads at 512: head_dim 42, attention width 504 (as upstream).
+        return self.hidden_size // self.num_heads

@@ -1,0 +1,221 @@
+"""`python -m parity trm [--variant V] [--dtype D]`: per-module parity table for one ACT step.
+
+Also the shared fixtures of the TRM parity tests (tiny configs, paired torch/JAX models with the
+same weights, batches, intermediate capture on both sides).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+import numpy as np
+
+from parity.compare import BFLOAT16, FLOAT32, FLOAT64, compare, format_table
+
+VARIANTS = ("mlp_t", "att", "learned", "hrm", "singlez", "hier6", "baseline")
+TOLERANCES = {"float32": FLOAT32, "float64": FLOAT64, "bfloat16": BFLOAT16}
+
+
+def tiny_config(variant: str = "mlp_t", dtype: str = "float32", **overrides):
+    """A config small enough for CPU tests (hidden 64, seq 16, prefix 4, vocab 11, batch 4)."""
+    from models.trm import TRMConfig
+
+    base = dict(
+        batch_size=4,
+        seq_len=16,
+        puzzle_emb_ndim=64,
+        num_puzzle_identifiers=5,
+        vocab_size=11,
+        H_cycles=2,
+        L_cycles=2,
+        H_layers=0,
+        L_layers=2,
+        hidden_size=64,
+        expansion=2,
+        num_heads=4,
+        pos_encodings="rope",
+        forward_dtype=dtype,
+        mlp_t=False,
+        puzzle_emb_len=4,
+        halt_max_steps=16,
+        halt_exploration_prob=0.1,
+    )
+    per_variant = {
+        "mlp_t": dict(mlp_t=True, pos_encodings="none"),
+        "att": {},
+        "learned": dict(pos_encodings="learned"),
+        "hrm": dict(arch="hrm", H_layers=2, no_ACT_continue=False),
+        "singlez": dict(arch="trm_singlez"),
+        "hier6": dict(arch="trm_hier6", L_cycles=3),
+        "baseline": dict(arch="transformers_baseline", H_layers=2, act_enabled=True),
+    }
+    base.update(per_variant[variant])
+    base.update(overrides)
+    return TRMConfig(**base)
+
+
+def make_pair(config, seed: int = 0, *, q_bias: float | None = None):
+    """(torch ACTLossHead, JAX TRM) holding the same weights.
+
+    Random torch init, then the zero-initialised pieces made non-trivial so they are tested too:
+    the puzzle table gets random rows and q_head random weights (bias `q_bias` if given).
+    """
+    import torch
+
+    from models.trm import from_torch
+    from parity.trm_torch import ACTLossHead, build_model
+
+    torch.manual_seed(seed)
+    head = ACTLossHead(build_model(config))
+    inner = head.model.inner
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        if hasattr(inner, "puzzle_emb"):
+            inner.puzzle_emb.weights.copy_(torch.randn(inner.puzzle_emb.weights.shape, generator=g))
+        inner.q_head.weight.copy_(0.1 * torch.randn(inner.q_head.weight.shape, generator=g))
+        if q_bias is not None:
+            inner.q_head.bias.fill_(q_bias)
+    model = from_torch(head.state_dict(), config, seed=seed)
+    return head, model
+
+
+def make_batch(config, seed: int = 0):
+    """numpy batch: inputs, labels (with some -100), puzzle_identifiers."""
+    rng = np.random.default_rng(seed)
+    b, s = config.batch_size, config.seq_len
+    labels = rng.integers(1, config.vocab_size, (b, s)).astype(np.int32)
+    labels[rng.random((b, s)) < 0.2] = -100
+    return {
+        "inputs": rng.integers(0, config.vocab_size, (b, s)).astype(np.int32),
+        "labels": labels,
+        "puzzle_identifiers": rng.integers(0, config.num_puzzle_identifiers, (b,)).astype(np.int32),
+    }
+
+
+def to_jax(batch):
+    import jax.numpy as jnp
+
+    return {k: jnp.asarray(v) for k, v in batch.items()}
+
+
+def to_torch_batch(batch):
+    import torch
+
+    return {k: torch.from_numpy(np.asarray(v).copy()) for k, v in batch.items()}
+
+
+def torch_one_step(head, batch_np):
+    """One ACT step from a fresh carry on the torch side, with every block output captured."""
+    import torch
+
+    inner = head.model.inner
+    trace: list = []
+    hooks = []
+    for level in ("L_level", "H_level"):
+        if hasattr(inner, level):
+            for i, layer in enumerate(getattr(inner, level).layers):
+                name = f"{level}.layers.{i}"
+                hooks.append(
+                    layer.register_forward_hook(
+                        lambda m, a, kw_out, n=name: trace.append((n, kw_out))
+                    )
+                )
+    orig = inner._input_embeddings
+
+    def spy(*a, **k):
+        x = orig(*a, **k)
+        trace.append(("input_embedding", x))
+        trace.append(("puzzle_prefix", x[:, : inner.puzzle_emb_len]))
+        return x
+
+    inner._input_embeddings = spy
+    try:
+        batch = to_torch_batch(batch_np)
+        carry = head.initial_carry(batch)
+        with torch.no_grad():
+            carry, _, _, outputs, _ = head(
+                carry=carry,
+                batch=batch,
+                return_keys=("logits", "q_halt_logits", "q_continue_logits"),
+            )
+    finally:
+        for h in hooks:
+            h.remove()
+        del inner._input_embeddings
+    for n in inner.latent_names:
+        trace.append((n, carry.inner_carry[n]))
+    trace.append(("logits", outputs["logits"]))
+    trace.append(
+        ("q_logits", torch.stack([outputs["q_halt_logits"], outputs["q_continue_logits"]], -1))
+    )
+    return trace
+
+
+def jax_one_step(model, batch_np):
+    from models.trm import capture_intermediates
+
+    batch = to_jax(batch_np)
+    with capture_intermediates() as trace:
+        carry = model.initial_carry(batch)
+        model(carry, batch)
+    # order the tail like the torch side: latents, logits, q
+    head = [t for t in trace if t[0] not in ("logits", "q_logits")]
+    tail = [t for t in trace if t[0] in ("logits", "q_logits")]
+    return head + tail
+
+
+def one_step_comparisons(head, model, batch_np, tol):
+    """Pairs every captured tensor (same order, same module names) and compares it under `tol`."""
+    jt, tt = jax_one_step(model, batch_np), torch_one_step(head, batch_np)
+    if len(jt) != len(tt):
+        raise AssertionError(
+            f"capture mismatch: JAX recorded {len(jt)} tensors, torch {len(tt)}:\n"
+            f"{[n for n, _ in jt]}\n{[n for n, _ in tt]}"
+        )
+    rows = []
+    for (jn, jv), (tn, tv) in zip(jt, tt, strict=True):
+        if not jn.endswith(tn):
+            raise AssertionError(f"capture order differs: JAX {jn!r} vs torch {tn!r}")
+        rows.append(
+            compare(
+                jn, np.asarray(jv.astype("float32") if str(jv.dtype) == "bfloat16" else jv), tv, tol
+            )
+        )
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m parity trm", description=__doc__.splitlines()[0])
+    p.add_argument("--variant", choices=VARIANTS, default="mlp_t")
+    p.add_argument("--dtype", choices=tuple(TOLERANCES), default="float32")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    import contextlib
+
+    import jax
+
+    jax.config.update("jax_default_matmul_precision", "highest")
+    ctx = jax.enable_x64(True) if args.dtype == "float64" else contextlib.nullcontext()
+    with ctx:
+        cfg = tiny_config(args.variant, args.dtype)
+        head, model = make_pair(cfg, args.seed)
+        model.eval()
+        head.eval()
+        rows = one_step_comparisons(head, model, make_batch(cfg, args.seed), TOLERANCES[args.dtype])
+    if args.dtype == "bfloat16":  # bf16: only the outputs are claimed (latents drift per rounding)
+        rows = [r for r in rows if r.name in ("logits", "q_logits")] + [
+            dataclasses.replace(r, passed=True, name=r.name + " (info)")
+            for r in rows
+            if r.name not in ("logits", "q_logits")
+        ]
+    print(
+        f"TRM parity, variant={args.variant} dtype={args.dtype}: one ACT step, torch reference vs NNX port"
+    )
+    print(format_table(rows))
+    return 0 if all(r.passed for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
