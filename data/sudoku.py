@@ -1,0 +1,477 @@
+"""Build Sudoku data sets in the upstream TRM layout: ``python -m data.sudoku --help``.
+
+Sources (one of):
+  (default)              Sudoku-Extreme train.csv/test.csv downloaded from the Hugging Face hub
+                         (dataset sapientinc/sudoku-extreme) into --cache-dir, when online;
+  --csv-dir DIR          the same CSVs from a local directory (columns source,question,answer,rating;
+                         '.' = blank; header row skipped);
+  --input-upstream DIR   an upstream-format Sudoku data set (e.g. sudoku-extreme-1k); the first
+                         puzzle of every group is taken as the original;
+  --generate N           N puzzles with a unique solution made offline by data.sudoku_solver
+                         (test split: --generate-test M more, from a disjoint seed stream).
+
+Examples::
+
+    python -m data.sudoku --output-dir data/sudoku-extreme-1k-aug-1000 --subsample-size 1000 --num-aug 1000
+    python -m data.sudoku --generate 1000 --generate-test 200 --num-aug 100 --output-dir data/sudoku-gen
+
+Python API: ``SudokuRecords`` (questions/answers uint8 [n, 81], 0 = blank, ratings [n]),
+``read_sudoku_csv(path)``, ``download_sudoku_csv(split, cache_dir)``, ``read_upstream_sudoku(dir,
+split)``, ``generate_records(n, seed, start=0)``, ``augment_sudoku(question, answer, num_aug, rng)``,
+``check_sudoku_pairs(questions, answers)``, ``build_sudoku(output_dir, train, test, *, subsample_size,
+min_difficulty, num_aug, seed, overwrite)`` -> summary dict. Solver/generator: data.sudoku_solver.
+
+Encoding (upstream's): blank 0 / digits 1..9, then +1, so 0 = PAD, 1 = blank, 2..10 = digits;
+vocab 11, seq_len 81, ignore_label_id 0 (never occurs: every cell is supervised), one puzzle
+identifier (0), every example its own puzzle, a group = the original + its augmentations (index 0 =
+original). Unlike upstream, everything is drawn from --seed, so two builds are byte-identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+
+from data import sudoku_solver
+from data.puzzle_format import PuzzleArrays, load_split, make_metadata, write_dataset
+
+HF_REPO = "sapientinc/sudoku-extreme"
+HF_URL = "https://huggingface.co/datasets/{repo}/resolve/main/{file}"
+DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "trm-jax", "sudoku-extreme")
+VOCAB_SIZE = 11
+SEQ_LEN = 81
+
+
+@dataclasses.dataclass
+class SudokuRecords:
+    """Puzzles as digits: questions [n, 81] (0 = blank), answers [n, 81] (1..9), ratings [n]."""
+
+    questions: np.ndarray
+    answers: np.ndarray
+    ratings: np.ndarray
+    origin: str = ""
+
+    def __len__(self) -> int:
+        return len(self.questions)
+
+    def take(self, idx: np.ndarray) -> SudokuRecords:
+        return SudokuRecords(self.questions[idx], self.answers[idx], self.ratings[idx], self.origin)
+
+
+# ---------------------------------------------------------------------------------------- sources
+def read_sudoku_csv(path: str, *, progress: bool = False) -> SudokuRecords:
+    """Read a Sudoku-Extreme CSV (source,question,answer,rating). Bad rows raise ValueError
+    naming the file and line."""
+    questions, answers, ratings = [], [], []
+    trans = bytes.maketrans(b".", b"0")
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None:
+            raise ValueError(
+                f"{path}: empty file, expected a header row source,question,answer,rating"
+            )
+        rows = _tqdm(reader, progress, desc=f"read {os.path.basename(path)}", unit="row")
+        for line, row in enumerate(rows, start=2):
+            if len(row) != 4:
+                raise ValueError(
+                    f"{path}:{line}: expected 4 columns source,question,answer,rating, got {len(row)}"
+                )
+            _, q, a, r = row
+            if len(q) != 81 or len(a) != 81:
+                raise ValueError(
+                    f"{path}:{line}: question/answer must have 81 characters, got {len(q)}/{len(a)}"
+                )
+            qb, ab = q.encode().translate(trans), a.encode()
+            if not (qb.isdigit() and ab.isdigit()) or b"0" in ab:
+                raise ValueError(
+                    f"{path}:{line}: question must be '.'/1-9 and answer 1-9, got {q!r}, {a!r}"
+                )
+            try:
+                ratings.append(float(r))
+            except ValueError:
+                raise ValueError(f"{path}:{line}: rating {r!r} is not a number") from None
+            questions.append(qb)
+            answers.append(ab)
+    n = len(questions)
+    qs = np.frombuffer(b"".join(questions), np.uint8).reshape(n, 81) - ord("0")
+    an = np.frombuffer(b"".join(answers), np.uint8).reshape(n, 81) - ord("0")
+    return SudokuRecords(qs, an, np.asarray(ratings, np.float64), origin=path)
+
+
+def download_sudoku_csv(
+    split: str, cache_dir: str = DEFAULT_CACHE, *, progress: bool = True
+) -> str:
+    """Path of ``<split>.csv`` in ``cache_dir``, downloaded from the hub first if absent."""
+    name = f"{split}.csv"
+    dest = os.path.join(cache_dir, name)
+    if os.path.isfile(dest):
+        return dest
+    os.makedirs(cache_dir, exist_ok=True)
+    url = HF_URL.format(repo=HF_REPO, file=name)
+    tmp = dest + f".part-{os.getpid()}"
+    try:
+        with urllib.request.urlopen(url, timeout=60) as resp, open(tmp, "wb") as out:
+            total = int(resp.headers.get("Content-Length") or 0) or None
+            bar = _tqdm(
+                None, progress, total=total, desc=f"download {name}", unit="B", unit_scale=True
+            )
+            while chunk := resp.read(1 << 20):
+                out.write(chunk)
+                if bar is not None:
+                    bar.update(len(chunk))
+            if bar is not None:
+                bar.close()
+        os.replace(tmp, dest)  # a cut-off download never looks complete
+    except (urllib.error.URLError, OSError) as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise RuntimeError(
+            f"could not download {url} ({e}). Offline? Use --csv-dir DIR (with train.csv/test.csv), "
+            "--input-upstream DIR, or --generate N to make puzzles locally."
+        ) from e
+    return dest
+
+
+def read_upstream_sudoku(root: str, split: str) -> SudokuRecords:
+    """The original puzzle of each group of an upstream-format Sudoku data set."""
+    s = load_split(root, split, raw=True)
+    a, meta = s.all, s.metadata
+    if meta.vocab_size != VOCAB_SIZE or meta.seq_len != SEQ_LEN:
+        raise ValueError(
+            f"{root}/{split}: vocab_size {meta.vocab_size}, seq_len {meta.seq_len}; a Sudoku set has "
+            f"{VOCAB_SIZE}, {SEQ_LEN}"
+        )
+    first = a.puzzle_indices[a.group_indices[:-1]]  # first example of the first puzzle per group
+    q = a.inputs[first].astype(np.int64) - 1
+    ans = a.labels[first].astype(np.int64) - 1
+    if q.min() < 0 or ans.min() < 1:
+        raise ValueError(f"{root}/{split}: token 0 (PAD) in a Sudoku grid, or a blank in a label")
+    return SudokuRecords(q.astype(np.uint8), ans.astype(np.uint8), np.zeros(len(q)), origin=root)
+
+
+def generate_records(
+    n: int,
+    seed: int,
+    *,
+    start: int = 0,
+    min_rating: int = 0,
+    workers: int = 1,
+    progress: bool = False,
+) -> SudokuRecords:
+    """``n`` generated puzzles with unique solutions; rating = solver guesses."""
+    p, s, r = sudoku_solver.generate_puzzles(
+        n, seed, start=start, min_rating=min_rating, workers=workers, progress=progress
+    )
+    return SudokuRecords(
+        p, s, r.astype(np.float64), origin=f"generated(seed={seed}, start={start})"
+    )
+
+
+# ------------------------------------------------------------------------------- augmentation
+def augment_sudoku(
+    question: np.ndarray, answer: np.ndarray, num_aug: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """[1 + num_aug, 81] questions and answers: row 0 the original, then validity-preserving
+    transforms (digit relabelling with blank fixed, transpose with p=0.5, band shuffle + rows within
+    bands, stack shuffle + columns within stacks), all drawn from ``rng``."""
+    k = num_aug
+    digit_map = np.zeros((k, 10), np.uint8)  # column 0 stays 0: blank is not relabelled
+    digit_map[:, 1:] = rng.permuted(np.tile(np.arange(1, 10, dtype=np.uint8), (k, 1)), axis=1)
+    transpose = rng.random(k) < 0.5
+    rows = _line_permutation(rng, k)  # [k, 9]: output row i reads source row rows[i]
+    cols = _line_permutation(rng, k)
+    r, c = rows[:, :, None], cols[:, None, :]
+    src = np.where(transpose[:, None, None], c * 9 + r, r * 9 + c).reshape(k, 81)
+    q_aug = np.take_along_axis(digit_map, question[src].astype(np.intp), axis=1)
+    a_aug = np.take_along_axis(digit_map, answer[src].astype(np.intp), axis=1)
+    return np.concatenate([question[None], q_aug]), np.concatenate([answer[None], a_aug])
+
+
+def _line_permutation(rng: np.random.Generator, k: int) -> np.ndarray:
+    bands = rng.permuted(np.tile(np.arange(3), (k, 1)), axis=1)  # which band goes where
+    within = rng.permuted(np.tile(np.arange(3), (k, 3, 1)), axis=2)  # rows inside each band
+    return (bands[:, :, None] * 3 + within).reshape(k, 9)
+
+
+def check_sudoku_pairs(questions: np.ndarray, answers: np.ndarray, where: str = "") -> None:
+    """Vectorised: every answer is a valid full grid and agrees with every given of its question.
+    Raises ValueError naming the first bad row."""
+    q = questions.reshape(-1, 9, 9).astype(np.int64)
+    a = answers.reshape(-1, 9, 9).astype(np.int64)
+    boxes = a.reshape(-1, 3, 3, 3, 3).transpose(0, 1, 3, 2, 4).reshape(-1, 9, 9)
+    want = np.arange(1, 10)
+    ok = np.ones(len(a), bool)
+    for lines in (a, a.transpose(0, 2, 1), boxes):
+        ok &= (np.sort(lines, axis=2) == want).all(axis=(1, 2))
+    ok &= ((q == 0) | (q == a)).all(axis=(1, 2))
+    if not ok.all():
+        bad = int(np.argmin(ok))
+        raise ValueError(
+            f"{where}row {bad}: answer is not a valid solution of its question\n"
+            f"question {questions[bad].tolist()}\nanswer   {answers[bad].tolist()}"
+        )
+
+
+# ------------------------------------------------------------------------------------- building
+def _split_arrays(
+    questions: np.ndarray, answers: np.ndarray, group_sizes: np.ndarray
+) -> PuzzleArrays:
+    n = len(questions)
+    return PuzzleArrays(
+        inputs=(questions + 1).astype(np.uint8),
+        labels=(answers + 1).astype(np.uint8),
+        puzzle_identifiers=np.zeros(n, np.int32),
+        puzzle_indices=np.arange(n + 1, dtype=np.int32),  # one example per puzzle
+        group_indices=np.concatenate([[0], np.cumsum(group_sizes)]).astype(np.int32),
+    )
+
+
+def _select(
+    records: SudokuRecords,
+    min_difficulty: float | None,
+    subsample_size: int | None,
+    rng: np.random.Generator,
+) -> SudokuRecords:
+    if min_difficulty is not None:
+        records = records.take(np.flatnonzero(records.ratings >= min_difficulty))
+    if subsample_size is not None and subsample_size < len(records):
+        records = records.take(np.sort(rng.choice(len(records), subsample_size, replace=False)))
+    return records
+
+
+def build_sudoku(
+    output_dir: str,
+    train: SudokuRecords,
+    test: SudokuRecords | None,
+    *,
+    subsample_size: int | None = None,
+    test_subsample_size: int | None = None,
+    min_difficulty: float | None = None,
+    num_aug: int = 0,
+    seed: int = 0,
+    overwrite: bool = False,
+    progress: bool = False,
+) -> dict:
+    """Filter, subsample (train; test only if ``test_subsample_size``), augment (train), check and
+    write ``output_dir``; returns a summary dict (counts, bytes, seconds)."""
+    t0 = time.perf_counter()
+    splits = {}
+    summary = {"output_dir": os.path.abspath(output_dir), "seed": seed, "num_aug": num_aug}
+    for name, records, size, aug in (
+        ("train", train, subsample_size, num_aug),
+        ("test", test, test_subsample_size, 0),
+    ):
+        if records is None:
+            continue
+        rng = np.random.default_rng((seed, 0 if name == "train" else 1))
+        records = _select(records, min_difficulty, size, rng)
+        if len(records) == 0:
+            raise ValueError(f"{name}: no puzzles left after --min-difficulty {min_difficulty}")
+        check_sudoku_pairs(records.questions, records.answers, f"{records.origin} ({name}) ")
+        qs, ans = [], []
+        for g in _tqdm(
+            range(len(records)), progress and aug > 0, desc=f"augment {name}", unit="group"
+        ):
+            q, a = records.questions[g], records.answers[g]
+            if aug:
+                # One stream per group: the build is the same whatever order groups are made in.
+                q, a = augment_sudoku(q, a, aug, np.random.default_rng((seed, 2, g)))
+                check_sudoku_pairs(q, a, f"{name} group {g} augmentation ")
+            else:
+                q, a = q[None], a[None]
+            qs.append(q)
+            ans.append(a)
+        questions, answers = np.concatenate(qs), np.concatenate(ans)
+        arrays = _split_arrays(questions, answers, np.full(len(records), 1 + aug))
+        # Upstream writes total_puzzles = number of groups for Sudoku (not 1 + num_aug times it);
+        # kept so dataset.json matches upstream's and step counts derived from it agree.
+        meta = make_metadata(
+            arrays,
+            vocab_size=VOCAB_SIZE,
+            pad_id=0,
+            ignore_label_id=0,
+            blank_identifier_id=0,
+            num_puzzle_identifiers=1,
+            total_puzzles=arrays.num_groups,
+            mean_puzzle_examples=1.0,
+        )
+        splits[name] = (meta, {"all": arrays})
+        summary[name] = {
+            "groups": arrays.num_groups,
+            "examples": arrays.num_examples,
+            "mean_givens": float((records.questions > 0).sum(1).mean()),
+            "mean_rating": float(records.ratings.mean()),
+        }
+    write_dataset(output_dir, splits, ["<blank>"], overwrite=overwrite)
+    summary["bytes"] = _dir_bytes(output_dir)
+    summary["seconds"] = time.perf_counter() - t0
+    return summary
+
+
+def _dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+def _tqdm(it, enabled: bool, **kwargs):
+    if not enabled:
+        return it
+    from tqdm import tqdm
+
+    return tqdm(it, **kwargs) if it is not None else tqdm(**kwargs)
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m data.sudoku",
+        description="Build a Sudoku data set in the upstream TRM on-disk layout.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("Python API")[0],
+    )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--csv-dir", help="directory with Sudoku-Extreme train.csv / test.csv")
+    src.add_argument("--input-upstream", help="upstream-format Sudoku data set directory")
+    src.add_argument("--generate", type=int, metavar="N", help="generate N train puzzles offline")
+    p.add_argument(
+        "--generate-test",
+        type=int,
+        default=None,
+        metavar="M",
+        help="test puzzles to generate (default with --generate: N // 5; with "
+        "--input-upstream: used only when the input has no test split)",
+    )
+    p.add_argument(
+        "--cache-dir", default=DEFAULT_CACHE, help="download cache (default: %(default)s)"
+    )
+    p.add_argument("--output-dir", required=True)
+    p.add_argument(
+        "--subsample-size", type=int, default=None, help="train puzzles to keep (random)"
+    )
+    p.add_argument(
+        "--test-subsample-size",
+        type=int,
+        default=None,
+        help="test puzzles to keep (default: all, as upstream)",
+    )
+    p.add_argument(
+        "--min-difficulty",
+        type=float,
+        default=None,
+        help="keep puzzles with rating >= this (CSV: its rating column; --generate: solver guesses, default 1)",
+    )
+    p.add_argument("--num-aug", type=int, default=0, help="augmentations per train puzzle")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="processes for --generate (default: %(default)s)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output-dir")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = _parser().parse_args(argv)
+    progress = not args.no_progress
+    t0 = time.perf_counter()
+    # Generated puzzles must need at least one guess unless asked otherwise: a minimal puzzle that
+    # singles alone solve (~40% of them) teaches little.
+    gen_min = 1 if args.min_difficulty is None else int(args.min_difficulty)
+    if args.generate is not None:
+        n_test = args.generate // 5 if args.generate_test is None else args.generate_test
+        train = generate_records(
+            args.generate, args.seed, min_rating=gen_min, workers=args.workers, progress=progress
+        )
+        test = None
+        if n_test:  # indices after the train ones: a disjoint stream
+            test = generate_records(
+                n_test,
+                args.seed,
+                start=args.generate,
+                min_rating=gen_min,
+                workers=args.workers,
+                progress=progress,
+            )
+        min_difficulty = None  # already applied while generating
+    elif args.input_upstream is not None:
+        train = read_upstream_sudoku(args.input_upstream, "train")
+        if os.path.isdir(os.path.join(args.input_upstream, "test")):
+            test = read_upstream_sudoku(args.input_upstream, "test")
+        elif args.generate_test:
+            test = generate_records(
+                args.generate_test,
+                args.seed,
+                start=1 << 30,
+                workers=args.workers,
+                progress=progress,
+            )
+        else:
+            test = None
+        min_difficulty = args.min_difficulty
+    else:
+        if args.csv_dir is not None:
+            paths = [os.path.join(args.csv_dir, f"{s}.csv") for s in ("train", "test")]
+            for path in paths:
+                if not os.path.isfile(path):
+                    raise SystemExit(
+                        f"error: {path} not found (--csv-dir needs train.csv and test.csv)"
+                    )
+        else:
+            try:
+                paths = [
+                    download_sudoku_csv(s, args.cache_dir, progress=progress)
+                    for s in ("train", "test")
+                ]
+            except RuntimeError as e:
+                raise SystemExit(f"error: {e}") from None
+        train, test = (read_sudoku_csv(p, progress=progress) for p in paths)
+        min_difficulty = args.min_difficulty
+    read_s = time.perf_counter() - t0
+    summary = build_sudoku(
+        args.output_dir,
+        train,
+        test,
+        subsample_size=args.subsample_size,
+        test_subsample_size=args.test_subsample_size,
+        min_difficulty=min_difficulty,
+        num_aug=args.num_aug,
+        seed=args.seed,
+        overwrite=args.overwrite,
+        progress=progress,
+    )
+    summary["source_seconds"] = read_s
+    _print_summary(summary)
+    return summary
+
+
+def _print_summary(s: dict) -> None:
+    print(
+        f"wrote {s['output_dir']}  ({s['bytes'] / 1e6:.1f} MB, seed {s['seed']}, num_aug {s['num_aug']})"
+    )
+    for name in ("train", "test"):
+        if name in s:
+            t = s[name]
+            print(
+                f"  {name:5s}: {t['groups']:>9,d} groups  {t['examples']:>11,d} examples  "
+                f"mean givens {t['mean_givens']:.1f}  mean rating {t['mean_rating']:.1f}"
+            )
+        else:
+            print(f"  {name:5s}: (none: the source has no {name} split)")
+    print(
+        f"  time : {s['source_seconds']:.1f} s reading/generating + {s['seconds']:.1f} s building"
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
