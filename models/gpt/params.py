@@ -37,15 +37,14 @@ def _key_map(cfg: GPTConfig) -> dict[str, tuple[tuple, tuple[int, ...], bool]]:
     shapes["mlp.c_proj"] = (C, 4 * C)
     for i in range(cfg.n_layer):
         p = f"transformer.h.{i}."
-        for ln in ("ln_1", "ln_2"):
-            m[p + ln + ".weight"] = (("h", i, ln, "scale"), (C,), False)
+        for mod in ("ln_1", *_LINEARS[:2], "ln_2", *_LINEARS[2:]):  # nanoGPT's key order
+            path = ("h", i, *mod.split("."))
+            if mod.startswith("ln_"):
+                m[p + mod + ".weight"] = ((*path, "scale"), (C,), False)
+            else:
+                m[p + mod + ".weight"] = ((*path, "kernel"), shapes[mod], True)
             if cfg.bias:
-                m[p + ln + ".bias"] = (("h", i, ln, "bias"), (C,), False)
-        for lin in _LINEARS:
-            path = ("h", i, *lin.split("."))
-            m[p + lin + ".weight"] = ((*path, "kernel"), shapes[lin], True)
-            if cfg.bias:
-                m[p + lin + ".bias"] = ((*path, "bias"), (shapes[lin][0],), False)
+                m[p + mod + ".bias"] = ((*path, "bias"), (shapes.get(mod, (C,))[0],), False)
     m["transformer.ln_f.weight"] = (("ln_f", "scale"), (C,), False)
     if cfg.bias:
         m["transformer.ln_f.bias"] = (("ln_f", "bias"), (C,), False)
@@ -120,7 +119,7 @@ def to_torch(model: GPT) -> dict:
     out = {}
     for key, (path, _, transpose) in _key_map(model.config).items():
         value = np.asarray(_variable(model, path).get_value())
-        out[key] = torch.from_numpy(np.ascontiguousarray(value.T if transpose else value))
+        out[key] = torch.from_numpy(np.array(value.T if transpose else value, order="C"))
     out["lm_head.weight"] = out["transformer.wte.weight"]  # tied: the same tensor
     return out
 

@@ -1,0 +1,144 @@
+"""Weight conversion: nanoGPT / HF GPT-2 state_dicts <-> the NNX port, and the refusals."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from models.gpt import GPTConfig, from_torch, from_torch_file, to_torch
+from models.state_dict import COMPILE_PREFIX, StateDictError, UnsafeCheckpointError
+from parity import gpt_torch
+from parity.compare import EXACT, FLOAT32, assert_all_close, assert_close
+
+TINY = dict(block_size=16, vocab_size=65, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True)
+CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def _torch_model(**over):
+    torch.manual_seed(0)
+    return gpt_torch.GPT(gpt_torch.GPTConfig(**{**TINY, **over})).eval()
+
+
+def _hf_layout(sd, *, prefix=True, lm_head=True):
+    """What GPT2LMHeadModel.state_dict() looks like: Conv1D (in, out) and two buffers per layer."""
+    out = {}
+    for k, v in sd.items():
+        if k == "lm_head.weight" and not lm_head:
+            continue
+        v = v.t().contiguous() if k.endswith(CONV1D) else v
+        out[k if prefix else k.removeprefix("transformer.")] = v
+    T = TINY["block_size"]
+    for i in range(TINY["n_layer"]):
+        p = "transformer." if prefix else ""
+        out[f"{p}h.{i}.attn.bias"] = torch.tril(torch.ones(T, T)).view(1, 1, T, T)
+        out[f"{p}h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    return out
+
+
+def _logits(model, idx):
+    return model(jnp.asarray(idx), jnp.asarray(idx))[0]
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["plain", "_orig_mod"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_round_trip_torch_jax_torch_is_exact(compiled, bias):
+    tmodel = _torch_model(bias=bias)
+    sd = tmodel.state_dict()
+    src = {COMPILE_PREFIX + k: v for k, v in sd.items()} if compiled else sd
+    jmodel = from_torch(src, GPTConfig(**{**TINY, "bias": bias}))
+    back = to_torch(jmodel)
+    assert list(back) == list(sd), "keys (and their order) must be nanoGPT's"
+    assert_all_close([(k, back[k], sd[k]) for k in sd], EXACT)
+    fresh = gpt_torch.GPT(gpt_torch.GPTConfig(**{**TINY, "bias": bias}))
+    fresh.load_state_dict(back, strict=True)  # loads into nanoGPT unchanged
+    assert back["lm_head.weight"] is back["transformer.wte.weight"]  # tied
+
+
+def test_ckpt_pt_file_with_model_args(tmp_path):
+    tmodel = _torch_model(bias=False)
+    ckpt = {
+        "model": {COMPILE_PREFIX + k: v for k, v in tmodel.state_dict().items()},
+        "model_args": {**TINY, "bias": False},
+        "iter_num": 10,
+        "best_val_loss": torch.tensor(1.5),
+        "config": {"dataset": "shakespeare_char", "compile": True},
+    }
+    path = tmp_path / "ckpt.pt"
+    torch.save(ckpt, path)
+    jmodel = from_torch_file(path)  # config from model_args
+    assert jmodel.config.bias is False and jmodel.config.n_embd == TINY["n_embd"]
+    back = to_torch(jmodel)
+    assert_all_close([(k, back[k], v) for k, v in tmodel.state_dict().items()], EXACT)
+
+
+@pytest.mark.parametrize(
+    "prefix,lm_head", [(True, True), (False, False)], ids=["GPT2LMHeadModel", "GPT2Model"]
+)
+def test_hf_conv1d_layout_gives_the_same_logits(prefix, lm_head):
+    tmodel = _torch_model()
+    cfg = GPTConfig(**TINY)
+    hf = _hf_layout(tmodel.state_dict(), prefix=prefix, lm_head=lm_head)
+    assert hf["transformer.h.0.mlp.c_fc.weight" if prefix else "h.0.mlp.c_fc.weight"].shape == (
+        32,
+        128,
+    )
+    idx = np.arange(2 * 16).reshape(2, 16) % TINY["vocab_size"]
+    j_hf = from_torch(hf, cfg)
+    j_nano = from_torch(tmodel.state_dict(), cfg)
+    assert_close(
+        "logits HF layout vs nanoGPT layout", _logits(j_hf, idx), _logits(j_nano, idx), EXACT
+    )
+    with torch.no_grad():
+        t_logits = tmodel(torch.as_tensor(idx), torch.as_tensor(idx))[0]
+    assert_close("logits HF layout vs torch", _logits(j_hf, idx), t_logits, FLOAT32)
+
+
+def test_bad_keys_and_shapes_are_named():
+    sd = dict(_torch_model().state_dict())
+    del sd["transformer.h.1.mlp.c_fc.bias"]
+    sd["transformer.h.0.attn.extra.weight"] = torch.zeros(3)
+    sd["transformer.wpe.weight"] = torch.zeros(8, 32)
+    with pytest.raises(StateDictError) as e:
+        from_torch(sd, GPTConfig(**TINY))
+    msg = str(e.value)
+    assert "missing keys (1): transformer.h.1.mlp.c_fc.bias" in msg
+    assert "unexpected keys (1): transformer.h.0.attn.extra.weight" in msg
+    assert "transformer.wpe.weight: got (8, 32), expected (16, 32)" in msg
+
+
+def test_wrong_config_is_refused():
+    sd = _torch_model().state_dict()
+    with pytest.raises(StateDictError, match="unexpected keys .*h.1"):
+        from_torch(sd, GPTConfig(**{**TINY, "n_layer": 1}))
+
+
+def test_untied_lm_head_is_refused():
+    sd = dict(_torch_model().state_dict())
+    sd["lm_head.weight"] = sd["lm_head.weight"].clone() + 1.0
+    with pytest.raises(StateDictError, match="lm_head.weight .* is not tied"):
+        from_torch(sd, GPTConfig(**TINY))
+
+
+class _Payload:
+    """Stands for any pickled object beyond tensors: loading it would run code."""
+
+    def __reduce__(self):
+        return (print, ("this ran during unpickling",))
+
+
+def test_pickled_code_is_refused(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({"model": _torch_model().state_dict(), "hook": _Payload()}, path)
+    with pytest.raises(UnsafeCheckpointError, match="refusing to load .*evil.pt"):
+        from_torch_file(path, GPTConfig(**TINY))
+
+
+def test_plain_state_dict_file_needs_a_config(tmp_path):
+    path = tmp_path / "sd.pt"
+    torch.save(_torch_model().state_dict(), path)
+    with pytest.raises(ValueError, match="no 'model_args'.*pass config="):
+        from_torch_file(path)
+    jmodel = from_torch_file(path, GPTConfig(**TINY))
+    assert jmodel.get_num_params() == _torch_model().get_num_params()
