@@ -1,11 +1,15 @@
 """The model/batch/optimiser settings each benchmark runs, JAX and PyTorch alike.
 
-Each entry names the experiment config it mirrors (configs/experiment/<name>.yaml when the
-trainer has it) and carries everything both sides need to build the same step: the model config
-(nanoGPT / upstream TRM field names, so it feeds `GPTConfig`/`TRMConfig` and the PyTorch
-references unchanged), the batch, the dtype policy and the optimiser hyper-parameters.
+Each entry names the trainer experiment it measures (configs/experiment/<experiment>.yaml) plus
+bench overrides (e.g. nanoGPT bench.py's 12-sequence micro-batch for GPT-2 124M). `resolve()`
+composes that experiment exactly as `python -m train.main +experiment=...` does, so the JAX side
+runs the trainer's own config and the PyTorch side reads its model/optimiser/batch from the same
+composed values. When an experiment file does not exist (yet), the fields written here are used
+instead, and the resolved record says so (`source`).
 
-`*_tiny` configs are sized for a 2-core CPU; the others are the real sizes (GPU).
+Model fields use nanoGPT / upstream TRM names, so they feed `GPTConfig`/`TRMConfig` and the
+PyTorch references unchanged. `*_tiny` configs are sized for a 2-core CPU; the others are the
+real sizes (GPU).
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ class BenchConfig:
     optim: dict[str, Any]
     # time-to-quality target: (metric, threshold, max_steps) for `python -m bench ttq`
     ttq: dict[str, Any] = dataclasses.field(default_factory=dict)
+    experiment: str | None = None  # configs/experiment/<experiment>.yaml
+    overrides: tuple[str, ...] = ()  # Hydra overrides applied on top of the experiment
 
     @property
     def unit(self) -> str:
@@ -105,8 +111,9 @@ _add(
         ),
         batch_size=12,
         dtype="float32",
-        optim={**_GPT_CHAR_OPTIM, "lr_decay_iters": 2000, "max_iters": 2000},
-        ttq=dict(metric="val_loss", target=2.2, eval_interval=100, eval_iters=20, max_steps=2000),
+        optim={**_GPT_CHAR_OPTIM, "lr_decay_iters": 300, "max_iters": 300, "warmup_iters": 20},
+        ttq=dict(metric="val_loss", target=2.2, eval_interval=50, eval_iters=20, max_steps=300),
+        experiment="gpt_shakespeare_char_tiny",
     )
 )
 # Sudoku TRM shrunk for a CPU: same recursion shape (mlp_t, no positions, 2 layers) with narrower
@@ -140,6 +147,7 @@ _add(
             "total_steps": 100000,
         },
         ttq=dict(metric="accuracy", target=0.5, eval_interval=50, max_steps=3000),
+        experiment="trm_sudoku_tiny",
     )
 )
 
@@ -187,6 +195,8 @@ _add(
             grad_clip=1.0,
             decay_lr=True,
         ),
+        experiment="gpt2_124m",
+        overrides=("trainer.global_batch_size=12",),
     )
 )
 _add(
@@ -199,6 +209,7 @@ _add(
         dtype="bfloat16",
         optim=_TRM_SUDOKU_OPTIM,
         ttq=dict(metric="exact_accuracy", target=0.85, eval_interval=5000, max_steps=65100),
+        experiment="trm_sudoku",
     )
 )
 _add(
@@ -210,6 +221,7 @@ _add(
         batch_size=768,
         dtype="bfloat16",
         optim=_TRM_SUDOKU_OPTIM,
+        experiment="trm_sudoku_att",
     )
 )
 
@@ -222,3 +234,116 @@ def get(name: str) -> BenchConfig:
         return CONFIGS[name]
     except KeyError:
         raise KeyError(f"bench: unknown config {name!r}; known: {sorted(CONFIGS)}") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Resolution against the trainer's configs
+
+# What every benchmark sets on top of the experiment: one device, no I/O, no accumulation.
+_BENCH_TRAINER_OVERRIDES = (
+    "mesh=cpu",
+    "logging.wandb=disabled",
+    "logging.jsonl=false",
+    "checkpoint.enabled=false",
+    "trainer.progress_bar=false",
+)
+
+
+def _experiment_path(name: str) -> str:
+    import os
+
+    from train.compose import CONFIG_DIR
+
+    return os.path.join(CONFIG_DIR, "experiment", f"{name}.yaml")
+
+
+def _fallback_trainer_cfg(cfg: BenchConfig, seed: int) -> dict:
+    """The trainer config built from this file's fields (when the experiment yaml is missing)."""
+    model = dict(cfg.model)
+    if cfg.family == "gpt":
+        model["dtype"] = cfg.dtype
+    optim = dict(cfg.optim)
+    trainer = {"global_batch_size": cfg.batch_size, "progress_bar": False}
+    if cfg.family == "trm":
+        trainer["total_steps"] = int(optim.pop("total_steps"))
+    else:
+        trainer["gradient_accumulation_steps"] = 1
+    return {
+        "task": cfg.family,
+        "run": {"name": f"bench-{cfg.name}", "seed": seed},
+        "trainer": trainer,
+        "mesh": {
+            "data": 1,
+            "fsdp": -1,
+            "tensor": 1,
+            "axis_types": "auto",
+            "param_sharding": "replicate",
+        },
+        "logging": {"wandb": "disabled", "jsonl": False},
+        "checkpoint": {"enabled": False},
+        "model": model,
+        "optim": optim,
+    }
+
+
+def resolve(cfg: BenchConfig, *, seed: int = 0, jax_overrides: dict | None = None) -> dict:
+    """-> plain dict both sides build from: family, model, optim, batch_size, dtype, the full
+    trainer config (`trainer_cfg`, for train.step.make_task) and where it came from (`source`).
+
+    `jax_overrides` are model fields changed on the JAX side only (e.g. scan/remat variants).
+    """
+    import os
+
+    from omegaconf import OmegaConf
+
+    trainer_cfg = None
+    if cfg.experiment and os.path.exists(_experiment_path(cfg.experiment)):
+        from train.compose import load_config
+
+        overrides = [f"+experiment={cfg.experiment}", *_BENCH_TRAINER_OVERRIDES, *cfg.overrides]
+        overrides.append(f"run.seed={seed}")
+        if cfg.family == "gpt":
+            overrides.append("trainer.gradient_accumulation_steps=1")  # as nanoGPT bench.py
+        composed = load_config(overrides)
+        trainer_cfg = OmegaConf.to_container(composed, resolve=True)
+        source = f"configs/experiment/{cfg.experiment}.yaml + {' '.join(overrides[1:])}"
+    else:
+        trainer_cfg = _fallback_trainer_cfg(cfg, seed)
+        source = "bench/configs.py" + (
+            f" (configs/experiment/{cfg.experiment}.yaml not found)" if cfg.experiment else ""
+        )
+    model = dict(trainer_cfg["model"])
+    batch = int(trainer_cfg["trainer"]["global_batch_size"])
+    if cfg.family == "gpt":
+        dtype = model.get("dtype", "float32")
+        torch_model = {k: v for k, v in model.items() if k != "dtype"}
+        items = batch * int(model["block_size"])
+    else:
+        # data-dependent TRM fields default to the Sudoku values when the yaml leaves them out
+        for k in ("seq_len", "vocab_size", "num_puzzle_identifiers"):
+            model.setdefault(k, cfg.model[k])
+        dtype = model.get("forward_dtype", "bfloat16")
+        torch_model = dict(model)
+        items = batch
+    jax_model = {**model, **(jax_overrides or {})}
+    trainer_cfg["model"] = jax_model
+    optim = dict(trainer_cfg.get("optim") or {})
+    if cfg.family == "trm":
+        optim["total_steps"] = int(trainer_cfg["trainer"].get("total_steps") or 0) or int(
+            cfg.optim.get("total_steps", 100000)
+        )
+    return {
+        "config": cfg.name,
+        "family": cfg.family,
+        "device": cfg.device,
+        "model": torch_model,
+        "jax_model": jax_model,
+        "optim": optim,
+        "batch_size": batch,
+        "dtype": dtype,
+        "unit": cfg.unit,
+        "items_per_step": items,
+        "trainer_cfg": trainer_cfg,
+        "source": source,
+        "ttq": dict(cfg.ttq),
+    }

@@ -240,10 +240,11 @@ def resolve_peak_flops(
 # The benchmark
 
 
-def flops_per_step(cfg: bench_configs.BenchConfig) -> int:
-    if cfg.family == "gpt":
-        return bench_flops.gpt_flops_per_step(cfg.model, cfg.batch_size)
-    return bench_flops.trm_flops_per_step(cfg.model, cfg.batch_size)["total"]
+def flops_per_step(rc: dict) -> int:
+    """Analytic FLOPs of one train step of a resolved config (bench.flops)."""
+    if rc["family"] == "gpt":
+        return bench_flops.gpt_flops_per_step(rc["model"], rc["batch_size"])
+    return bench_flops.trm_flops_per_step(rc["model"], rc["batch_size"])["total"]
 
 
 def bench_config(
@@ -262,15 +263,18 @@ def bench_config(
     log=print,
 ) -> dict:
     """Run one config's implementations interleaved; return its JSON record."""
-    flops = flops_per_step(cfg)
+    rc = bench_configs.resolve(cfg, seed=seed, jax_overrides=jax_overrides)
+    flops = flops_per_step(rc)
     record = {
         "config": cfg.name,
-        "family": cfg.family,
-        "batch_size": cfg.batch_size,
-        "dtype": cfg.dtype,
-        "model": cfg.model,
-        "unit": cfg.unit,
-        "items_per_step": cfg.items_per_step,
+        "family": rc["family"],
+        "config_source": rc["source"],
+        "batch_size": rc["batch_size"],
+        "dtype": rc["dtype"],
+        "model": rc["model"],
+        "optim": rc["optim"],
+        "unit": rc["unit"],
+        "items_per_step": rc["items_per_step"],
         "flops_per_step": flops,
         "jax_overrides": jax_overrides,
         "threads": threads,
@@ -284,8 +288,8 @@ def bench_config(
             "impl": impl,
             "device": device,
             "config": cfg.name,
+            "resolved": rc,
             "seed": seed,
-            "jax_overrides": jax_overrides if impl == "jax" else {},
             "threads": threads,
         }
         res = {"status": "ok"}
@@ -339,7 +343,7 @@ def bench_config(
         res["losses"] = losses[name]
         res["memory"] = stats
         if t:
-            res["items_per_s"] = cfg.items_per_step / t["median"]
+            res["items_per_s"] = rc["items_per_step"] / t["median"]
             res["flops_per_s"] = flops / t["median"]
             res["mfu"] = flops / t["median"] / peak_flops if peak_flops else None
             res["compile_s"] = max(0.0, res["first_step_s"] - t["median"])

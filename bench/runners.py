@@ -1,6 +1,6 @@
 """The implementations a benchmark compares, each behind the same small interface.
 
-    runner = make_runner(spec)      # spec: impl, device, config, seed, jax_overrides
+    runner = make_runner(spec)      # spec: impl, device, seed, resolved (configs.resolve)
     info = runner.setup()           # build model + optimiser + one fixed batch on the device
     seconds, loss = runner.run(n)   # n train steps, then ONE device sync; wall time of all n
     runner.stats()                  # memory, compile count
@@ -23,22 +23,22 @@ import time
 
 import numpy as np
 
-from bench import configs as bench_configs
 
+def make_batch(rc: dict, seed: int) -> dict[str, np.ndarray]:
+    """One fixed batch, identical for every implementation (nanoGPT bench.py's fixed-batch mode).
 
-def make_batch(cfg: bench_configs.BenchConfig, seed: int) -> dict[str, np.ndarray]:
-    """One fixed batch, identical for every implementation (nanoGPT bench.py's fixed-batch mode)."""
+    `rc` is a resolved config (bench.configs.resolve)."""
     rng = np.random.default_rng(seed)
-    B = cfg.batch_size
-    if cfg.family == "gpt":
-        T, V = cfg.model["block_size"], cfg.model["vocab_size"]
+    B = rc["batch_size"]
+    if rc["family"] == "gpt":
+        T, V = rc["model"]["block_size"], rc["model"]["vocab_size"]
         data = rng.integers(0, V, size=(B, T + 1))
         return {"x": data[:, :-1].astype(np.int64), "y": data[:, 1:].astype(np.int64)}
-    S, V = cfg.model["seq_len"], cfg.model["vocab_size"]
+    S, V = rc["model"]["seq_len"], rc["model"]["vocab_size"]
     # Sudoku-like ids: 1 = blank, 2..V-1 = digits; labels are the full solution (all digits).
     inputs = rng.integers(1, V, size=(B, S))
     labels = rng.integers(2, V, size=(B, S))
-    n_ids = cfg.model.get("num_puzzle_identifiers", 1)
+    n_ids = rc["model"].get("num_puzzle_identifiers", 1)
     ids = rng.integers(0, n_ids, size=(B,))
     return {
         "inputs": inputs.astype(np.int32),
@@ -48,56 +48,19 @@ def make_batch(cfg: bench_configs.BenchConfig, seed: int) -> dict[str, np.ndarra
 
 
 def make_runner(spec: dict):
-    cfg = bench_configs.get(spec["config"])
+    """`spec`: impl, device, seed and `resolved` (bench.configs.resolve output)."""
+    rc = spec["resolved"]
     impl = spec["impl"]
     if impl == "jax":
-        return JaxRunner(cfg, spec)
+        return JaxRunner(rc, spec)
     if impl in ("torch_eager", "torch_compile"):
-        cls = TorchGPTRunner if cfg.family == "gpt" else TorchTRMRunner
-        return cls(cfg, spec, compile=impl == "torch_compile")
+        cls = TorchGPTRunner if rc["family"] == "gpt" else TorchTRMRunner
+        return cls(rc, spec, compile=impl == "torch_compile")
     raise ValueError(f"bench: unknown impl {impl!r}")
 
 
 # ----------------------------------------------------------------------------------------------
 # JAX: the trainer's step
-
-
-def trainer_config(cfg: bench_configs.BenchConfig, *, seed: int, overrides: dict | None = None):
-    """The trainer's config (train/config.py schema) for a bench config, no data on disk needed."""
-    from omegaconf import OmegaConf
-
-    from train.config import Config
-
-    model = dict(cfg.model)
-    if cfg.family == "gpt":
-        model["dtype"] = cfg.dtype
-    model.update(overrides or {})
-    optim = dict(cfg.optim)
-    trainer = {"global_batch_size": cfg.batch_size, "progress_bar": False}
-    if cfg.family == "trm":
-        trainer["total_steps"] = int(optim.pop("total_steps"))
-    else:
-        trainer["gradient_accumulation_steps"] = 1
-    base = OmegaConf.structured(Config)
-    return OmegaConf.merge(
-        base,
-        {
-            "task": cfg.family,
-            "run": {"name": f"bench-{cfg.name}", "seed": seed},
-            "trainer": trainer,
-            "mesh": {
-                "data": 1,
-                "fsdp": -1,
-                "tensor": 1,
-                "axis_types": "auto",
-                "param_sharding": "replicate",
-            },
-            "logging": {"wandb": "disabled", "jsonl": False},
-            "checkpoint": {"enabled": False},
-            "model": model,
-            "optim": optim,
-        },
-    )
 
 
 class _CompileCounter:
@@ -131,15 +94,15 @@ class JaxRunner:
         from train.step import jit_train_step, make_task
 
         _CompileCounter.install()
-        self.tcfg = trainer_config(
-            self.cfg, seed=self.spec["seed"], overrides=self.spec.get("jax_overrides")
-        )
+        from omegaconf import OmegaConf
+
+        self.tcfg = OmegaConf.create(self.cfg["trainer_cfg"])
         self.mesh = mesh_lib.make_mesh(self.tcfg.mesh)
         self.task = make_task(self.tcfg, self.mesh, need_data=False)
         self.step_fn = jit_train_step(self.task)
         self.state = self.task.create_state()
         batch = make_batch(self.cfg, self.spec["seed"])
-        if self.cfg.family == "gpt":
+        if self.cfg["family"] == "gpt":
             batch = {k: v[None].astype(np.int32) for k, v in batch.items()}  # [accum=1, B, T]
         self.batch = self.task.to_global(batch)
         jax.block_until_ready((self.state, self.batch))
@@ -249,9 +212,9 @@ class TorchGPTRunner:
 
         self.dev = _torch_setup(self.spec["device"])
         torch.manual_seed(self.spec["seed"])
-        self.model = GPT(GPTConfig(**self.cfg.model)).to(self.dev)
+        self.model = GPT(GPTConfig(**self.cfg["model"])).to(self.dev)
         self.model.train()
-        o = self.cfg.optim
+        o = self.cfg["optim"]
         self.optimizer = self.model.configure_optimizers(
             o["weight_decay"], o["learning_rate"], (o["beta1"], o["beta2"]), self.dev.type
         )
@@ -263,11 +226,10 @@ class TorchGPTRunner:
         batch = make_batch(self.cfg, self.spec["seed"])
         self.x = torch.from_numpy(batch["x"]).to(self.dev)
         self.y = torch.from_numpy(batch["y"]).to(self.dev)
-        if self.cfg.dtype != "float32" and self.dev.type == "cuda":
-            dt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[self.cfg.dtype]
-            self.ctx = lambda: torch.amp.autocast(device_type="cuda", dtype=dt)
-        elif self.cfg.dtype != "float32":
-            self.ctx = lambda: torch.amp.autocast(device_type="cpu", dtype=torch.bfloat16)
+        # nanoGPT's policy: fp32 params and optimiser, matmuls autocast to the compute dtype
+        if self.cfg["dtype"] in ("bfloat16", "float16"):
+            dt = getattr(torch, self.cfg["dtype"])
+            self.ctx = lambda: torch.amp.autocast(device_type=self.dev.type, dtype=dt)
         else:
             self.ctx = contextlib.nullcontext
         self.iter_num = 0
@@ -276,7 +238,7 @@ class TorchGPTRunner:
     def _step(self):
         import torch
 
-        o = self.cfg.optim
+        o = self.cfg["optim"]
         lr = self.get_lr(self.iter_num, **self.lr_kwargs) if o["decay_lr"] else o["learning_rate"]
         for group in self.optimizer.param_groups:
             group["lr"] = lr

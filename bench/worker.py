@@ -45,6 +45,9 @@ def prepare_env(impl: str, device: str, threads: int | None = None) -> None:
         os.sched_setaffinity(0, cpus)
     # The test suite's 8 fake CPU devices would split 2 cores 8 ways: benchmarks use the real ones.
     os.environ["XLA_FLAGS"] = _FAKE_DEVICES.sub("", os.environ.get("XLA_FLAGS", "")).strip()
+    if device == "gpu":
+        # one device per side: torch runs on one GPU, so the JAX mesh must not take all of them
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
     if impl.startswith("jax"):
         os.environ["JAX_PLATFORMS"] = "cuda" if device == "gpu" else "cpu"
         # Two processes share one GPU: do not let XLA grab 75% of it up front.
