@@ -1,0 +1,361 @@
+"""ARC builder, augmentations and evaluator, on real ARC tasks from ../shared/data."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from data import arc, arc_eval
+from data.augment import (
+    DIHEDRAL_INVERSE,
+    colour_map_from_str,
+    colour_map_to_str,
+    dihedral_transform,
+    inverse_dihedral_transform,
+    invert_permutation,
+    random_colour_permutation,
+)
+from data.puzzle_format import IGNORE_LABEL, load_split
+from data.puzzle_source import PuzzleTestDataset
+
+TRAIN_TASKS, EVAL_TASKS = 4, 3
+NUM_AUG = 3
+
+
+@pytest.fixture(scope="module")
+def kaggle_prefix(shared_data_dir, tmp_path_factory):
+    """A small Kaggle-layout copy: the first tasks of 'training' and of 'evaluation' (chosen so at
+    least one evaluation task has two test inputs)."""
+    root = tmp_path_factory.mktemp("kaggle")
+    src = f"{shared_data_dir}/trm-arc-kaggle-combined/arc-agi"
+    for subset, n in (("training", TRAIN_TASKS), ("evaluation", EVAL_TASKS)):
+        ch = json.load(open(f"{src}_{subset}_challenges.json"))
+        so = json.load(open(f"{src}_{subset}_solutions.json"))
+        ids = sorted(ch)
+        if subset == "evaluation":  # put a two-test-input task first
+            two = next(i for i in ids if len(ch[i]["test"]) == 2)
+            ids = [two] + [i for i in ids if i != two]
+        ids = ids[:n]
+        json.dump({i: ch[i] for i in ids}, open(root / f"arc-agi_{subset}_challenges.json", "w"))
+        json.dump({i: so[i] for i in ids}, open(root / f"arc-agi_{subset}_solutions.json", "w"))
+    return str(root / "arc-agi")
+
+
+@pytest.fixture(scope="module")
+def built(kaggle_prefix, tmp_path_factory):
+    out = tmp_path_factory.mktemp("arc") / "ds"
+    summary = arc.main(
+        [
+            "--input-file-prefix",
+            kaggle_prefix,
+            "--output-dir",
+            str(out),
+            "--num-aug",
+            str(NUM_AUG),
+            "--subsets",
+            "training",
+            "evaluation",
+            "--test-set-name",
+            "evaluation",
+        ]
+    )
+    return out, summary
+
+
+# ---------------------------------------------------------------------------------------------
+# augmentations
+
+
+def test_dihedral_ids_inverses_and_colour_maps():
+    a = np.arange(12).reshape(3, 4)  # non-square: catches swapped axes
+    outs = [dihedral_transform(a, t) for t in range(8)]
+    assert len({(o.shape, o.tobytes()) for o in outs}) == 8  # the 8 elements are distinct
+    np.testing.assert_array_equal(outs[1], np.rot90(a))
+    np.testing.assert_array_equal(outs[6], a.T)
+    np.testing.assert_array_equal(outs[7], a[::-1, ::-1].T)  # anti-transpose
+    for t in range(8):
+        np.testing.assert_array_equal(inverse_dihedral_transform(outs[t], t), a)
+        back = dihedral_transform(outs[t], DIHEDRAL_INVERSE[t])
+        np.testing.assert_array_equal(back, a)
+    assert list(DIHEDRAL_INVERSE) == [0, 3, 2, 1, 4, 5, 6, 7]
+    with pytest.raises(ValueError, match="0..7"):
+        dihedral_transform(a, 8)
+
+    rng = np.random.default_rng(0)
+    perm = random_colour_permutation(rng)
+    assert perm[0] == 0 and sorted(perm) == list(range(10))
+    inv = invert_permutation(perm)
+    np.testing.assert_array_equal(inv[perm], np.arange(10))
+    np.testing.assert_array_equal(colour_map_from_str(colour_map_to_str(perm)), perm)
+    with pytest.raises(ValueError, match="not a permutation"):
+        colour_map_from_str("0123456788")
+
+
+# ---------------------------------------------------------------------------------------------
+# builder
+
+
+def _origin_grid(seq):
+    return arc_eval.crop(seq)
+
+
+def test_split_rule_encoding_and_names(built, kaggle_prefix):
+    out, summary = built
+    tasks = arc.load_subsets(kaggle_prefix, ["training", "evaluation"])
+    names = json.loads((out / "identifiers.json").read_text())
+    assert names[0] == "<blank>" and len(set(names)) == len(names)
+    train = load_split(out, "train", raw=True)
+    test = load_split(out, "test", raw=True)
+    meta = train.metadata
+    assert (meta.vocab_size, meta.seq_len, meta.pad_id, meta.ignore_label_id) == (12, 900, 0, 0)
+    assert meta.num_puzzle_identifiers == len(names) == summary["num_puzzle_identifiers"]
+    assert train.all.num_groups == TRAIN_TASKS + EVAL_TASKS and test.all.num_groups == EVAL_TASKS
+
+    def puzzles(split):
+        a = split.all
+        for p in range(a.num_puzzles):
+            lo, hi = a.puzzle_indices[p], a.puzzle_indices[p + 1]
+            yield names[a.puzzle_identifiers[p]], a.inputs[lo:hi], a.labels[lo:hi]
+
+    seen_test = set()
+    for name, x, y in puzzles(test):  # test pairs of the test subset only, at the origin
+        task_id, tid, perm = arc.parse_name(name)
+        assert task_id in tasks["evaluation"]
+        pairs = tasks["evaluation"][task_id]["test"]
+        assert len(x) == len(pairs)
+        for (gi, go), xi, yi in zip(pairs, x, y):
+            inv = invert_permutation(perm)
+            np.testing.assert_array_equal(
+                inv[inverse_dihedral_transform(_origin_grid(xi), tid)], gi
+            )
+            np.testing.assert_array_equal(
+                inv[inverse_dihedral_transform(_origin_grid(yi), tid)], go
+            )
+            np.testing.assert_array_equal(yi, arc.grid_to_seq(dihedral_transform(perm[go], tid)))
+        seen_test.add(name)
+    assert len(seen_test) == EVAL_TASKS * (NUM_AUG + 1)
+
+    for name, x, _y in puzzles(train):
+        task_id, tid, perm = arc.parse_name(name)
+        subset = "training" if task_id in tasks["training"] else "evaluation"
+        task = tasks[subset][task_id]
+        # Demonstrations always train; test pairs train only outside the test subset.
+        want = len(task["train"]) + (len(task["test"]) if subset == "training" else 0)
+        assert len(x) == want, name
+        g = x.reshape(-1, 30, 30)
+        assert (g[:, 0, 0] >= 2).sum() >= 1  # one example per puzzle left at the origin
+        assert set(np.unique(x)) <= set(range(12))
+    assert (np.asarray(train.all.inputs).reshape(-1, 30, 30)[:, 0, 0] < 2).any()  # translated
+
+    tp = json.loads((out / "test_puzzles.json").read_text())
+    assert sorted(tp) == sorted(tasks["evaluation"])
+    for task_id, t in tp.items():
+        for pair, (_gi, go) in zip(t["test"], tasks["evaluation"][task_id]["test"]):
+            np.testing.assert_array_equal(np.array(pair["output"]), go)
+
+
+def test_grid_to_seq_eos_borders():
+    g = np.array([[1, 2, 3], [4, 5, 6]], np.uint8)
+    c = arc.grid_to_seq(g, (3, 4)).reshape(30, 30)
+    np.testing.assert_array_equal(c[3:5, 4:7], g + 2)
+    np.testing.assert_array_equal(c[5, 4:7], [1, 1, 1])  # EOS row under the grid's columns
+    np.testing.assert_array_equal(c[3:5, 7], [1, 1])  # EOS column right of its rows
+    assert c[5, 7] == 0 and (c != 0).sum() == 6 + 3 + 2
+    full = arc.grid_to_seq(np.zeros((30, 30), np.uint8))
+    assert (full == 2).all()  # a 30x30 grid has no room for EOS
+    np.testing.assert_array_equal(arc_eval.crop(arc.grid_to_seq(g)), g)
+
+
+def test_build_is_seeded(built, kaggle_prefix, tmp_path):
+    out, _ = built
+    args = dict(
+        input_file_prefix=kaggle_prefix,
+        subsets=["training", "evaluation"],
+        test_set_name="evaluation",
+        num_aug=NUM_AUG,
+    )
+    arc.build(tmp_path / "same", seed=42, **args)
+    arc.build(tmp_path / "other", seed=1, **args)
+    a, b, c = (
+        load_split(p, "train", raw=True).all for p in (out, tmp_path / "same", tmp_path / "other")
+    )
+    np.testing.assert_array_equal(a.inputs, b.inputs)
+    np.testing.assert_array_equal(a.labels, b.labels)
+    assert (out / "identifiers.json").read_text() == (
+        tmp_path / "same" / "identifiers.json"
+    ).read_text()
+    assert not np.array_equal(a.inputs, c.inputs)
+
+
+def test_augmentation_dedup_keeps_only_distinct_tasks(tmp_path):
+    # A task whose grids are square and all black: every dihedral/colour augmentation gives the
+    # same task (a non-square one would not: rot90 changes its shape),
+    # so after 5 * num_aug tries only the original remains.
+    black = {"train": [{"input": [[0, 0], [0, 0]], "output": [[0]]}], "test": [{"input": [[0]]}]}
+    stripes = {"train": [{"input": [[1, 2]], "output": [[2, 1]]}], "test": [{"input": [[1]]}]}
+    prefix = tmp_path / "k"
+    for subset in ("training", "evaluation"):
+        (tmp_path / f"k_{subset}_challenges.json").write_text(
+            json.dumps({"blk": black, "str": stripes})
+        )
+        (tmp_path / f"k_{subset}_solutions.json").write_text(
+            json.dumps({"blk": [[[0]]], "str": [[[1]]]})
+        )
+    arc.build(
+        tmp_path / "o", input_file_prefix=prefix, subsets=["training", "evaluation"], num_aug=10
+    )
+    names = json.loads((tmp_path / "o" / "identifiers.json").read_text())
+    per_task = {t: sum(n.split("|||")[0] == t for n in names) for t in ("blk", "str")}
+    # 'blk' appears in both subsets under the same id; 'str' has 10 distinct augmentations each.
+    assert per_task["blk"] == 1 and per_task["str"] == 1 + 2 * 10
+    with pytest.raises(ValueError, match="test-set-name"):
+        arc.build(tmp_path / "p", input_file_prefix=prefix, subsets=["training"], num_aug=0)
+    with pytest.raises(FileNotFoundError, match="concept_challenges"):
+        arc.build(tmp_path / "p", input_file_prefix=prefix, subsets=["concept", "evaluation"])
+
+
+# ---------------------------------------------------------------------------------------------
+# evaluator
+
+
+def _test_batches(out, global_batch_size=6, process_index=0, process_count=1):
+    return list(
+        PuzzleTestDataset(
+            out,
+            split_name="test",
+            global_batch_size=global_batch_size,
+            process_index=process_index,
+            process_count=process_count,
+        )
+    )
+
+
+def _perfect(batch):
+    # What a perfect model predicts: the label tokens (PAD where the label is ignored).
+    return np.where(batch["labels"] == IGNORE_LABEL, 0, batch["labels"])
+
+
+def test_evaluator_perfect_predictions_through_augmentations(built, tmp_path):
+    out, _ = built
+    ev = arc_eval.ARCEvaluator(out)
+    ev.begin_eval()
+    batches = _test_batches(out)
+    assert (batches[-1]["mask"] == 0).any()  # the padded last batch is exercised
+    for b in batches:
+        ev.update_batch(b, {"preds": _perfect(b), "q_halt_logits": np.zeros(len(b["inputs"]))})
+    metrics = ev.result(tmp_path)
+    assert metrics == {f"ARC/pass@{k}": 1.0 for k in arc_eval.PASS_KS}
+    # Row by row, not just by vote: every augmented row maps back to its true input and output.
+    tp = json.loads((out / "test_puzzles.json").read_text())
+    truth = {
+        (t, arc.grid_hash(np.array(p["input"], np.uint8))): arc.grid_hash(
+            np.array(p["output"], np.uint8)
+        )
+        for t, task in tp.items()
+        for p in task["test"]
+    }
+    votes = ev.local_records()["votes"]
+    assert len(votes) == sum(int(b["mask"].sum()) for b in batches)
+    assert all(truth[(t, ih)] == ph for t, ih, ph, _ in votes)
+    sub = json.loads((tmp_path / "submission.json").read_text())
+    assert sorted(sub) == sorted(tp)
+    for task_id, t in tp.items():
+        assert len(sub[task_id]) == len(t["test"])
+        for attempt, pair in zip(sub[task_id], t["test"]):
+            assert attempt["attempt_1"] == pair["output"]
+            assert attempt["attempt_2"] == pair["output"]  # one candidate: padded by repetition
+    # Votes accumulate across eval rounds (upstream's aggregated voting) unless reset.
+    n = len(ev.local_records()["votes"])
+    ev.begin_eval()
+    for b in batches:
+        ev.update_batch(b, {"preds": _perfect(b), "q_halt_logits": np.zeros(len(b["inputs"]))})
+    assert len(ev.local_records()["votes"]) == 2 * n
+    fresh = arc_eval.ARCEvaluator(out, aggregated_voting=False)
+    fresh.update_batch(batches[0], {"preds": _perfect(batches[0]), "q_halt_logits": np.zeros(6)})
+    fresh.begin_eval()
+    assert fresh.local_records()["votes"] == []
+
+
+def _wrong_seq(label_seq, name):
+    """An augmented prediction whose un-augmented grid is a fixed wrong answer (all colour 9 of the
+    true shape), so every augmentation votes for the same wrong grid."""
+    task_id, tid, perm = arc.parse_name(name)
+    g = arc_eval.crop(label_seq)
+    g = invert_permutation(perm)[inverse_dihedral_transform(g, tid)]
+    wrong = np.full_like(g, 9 if (g != 9).any() else 8)
+    return arc.grid_to_seq(dihedral_transform(perm[wrong], tid)), wrong
+
+
+def test_evaluator_voting_and_q_tie_break(built):
+    out, _ = built
+    names = json.loads((out / "identifiers.json").read_text())
+    batches = _test_batches(out)
+
+    # Originals right, all 3 augmentations wrong (and unanimous): the wrong grid wins on votes.
+    ev = arc_eval.ARCEvaluator(out)
+    for b in batches:
+        preds, q = _perfect(b).copy(), np.zeros(len(b["inputs"]))
+        for r, pid in enumerate(b["puzzle_identifiers"]):
+            if b["mask"][r] and "|||" in names[pid]:
+                preds[r] = _wrong_seq(preds[r], names[pid])[0]
+        ev.update_batch(b, {"preds": preds, "q_halt_logits": q})
+    m = ev.result()
+    assert m["ARC/pass@1"] == 0.0 and m["ARC/pass@2"] == 1.0
+
+    # One vote each for right (original, high q) and wrong (one augmentation, low q); the other
+    # augmentations are not fed. Equal votes -> mean sigmoid(q_halt) decides.
+    for q_right, expect in ((3.0, 1.0), (-3.0, 0.0)):
+        ev = arc_eval.ARCEvaluator(out)
+        for b in batches:
+            keep = []
+            preds, q = _perfect(b).copy(), np.zeros(len(b["inputs"]))
+            for r, pid in enumerate(b["puzzle_identifiers"]):
+                name = names[pid]
+                if not b["mask"][r]:
+                    continue
+                if "|||" not in name:
+                    q[r] = q_right
+                    keep.append(r)
+                elif name == _first_aug(names, name):
+                    preds[r] = _wrong_seq(preds[r], name)[0]
+                    keep.append(r)
+            sub = {k: v[keep] for k, v in b.items()}
+            ev.update_batch(sub, {"preds": preds[keep], "q_halt_logits": q[keep]})
+        m = ev.result()
+        assert m["ARC/pass@1"] == expect and m["ARC/pass@2"] == 1.0
+
+
+def _first_aug(names, name):
+    task_id = name.split("|||")[0]
+    return next(n for n in names if n.startswith(task_id + "|||"))
+
+
+def test_evaluator_wrong_predictions_score_zero(built, tmp_path):
+    out, _ = built
+    ev = arc_eval.ARCEvaluator(out)
+    for b in _test_batches(out):
+        # Predicting the input back: wrong for every task here (no identity task among them).
+        ev.update_batch(b, {"preds": b["inputs"], "q_halt_logits": np.zeros(len(b["inputs"]))})
+    assert set(ev.result().values()) == {0.0}
+
+
+def test_per_process_records_merge_to_the_single_process_result(built):
+    out, _ = built
+    single = arc_eval.ARCEvaluator(out)
+    parts = [arc_eval.ARCEvaluator(out) for _ in range(2)]
+    for b in _test_batches(out):
+        single.update_batch(b, {"preds": _perfect(b), "q_halt_logits": np.linspace(-1, 1, 6)})
+    for p, ev in enumerate(parts):  # each "process" sees only its half of every global batch
+        for b in _test_batches(out, process_index=p, process_count=2):
+            ev.update_batch(
+                b, {"preds": _perfect(b), "q_halt_logits": np.linspace(-1, 1, 6)[p * 3 : p * 3 + 3]}
+            )
+    payloads = [json.loads(json.dumps(ev.local_records())) for ev in parts]
+    merged = arc_eval.merge_records(payloads)
+    tp = single.test_puzzles
+    assert sorted(map(tuple, merged["votes"])) == sorted(
+        map(tuple, single.local_records()["votes"])
+    )
+    assert arc_eval.score(merged, tp) == arc_eval.score(single.local_records(), tp)
