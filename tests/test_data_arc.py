@@ -359,3 +359,65 @@ def test_per_process_records_merge_to_the_single_process_result(built):
         map(tuple, single.local_records()["votes"])
     )
     assert arc_eval.score(merged, tp) == arc_eval.score(single.local_records(), tp)
+
+
+_WORKER = """
+import json, sys
+import numpy as np
+import jax
+
+out, addr, pid, result_path = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+jax.distributed.initialize(coordinator_address=addr, num_processes=2, process_id=pid)
+from data import arc_eval
+from data.puzzle_source import PuzzleTestDataset
+
+ev = arc_eval.ARCEvaluator(out)
+if pid == 1:  # process 0 records nothing: its score can only come from process 1's votes
+    for b in PuzzleTestDataset(out, split_name="test", global_batch_size=6):  # jax.process_index()
+        preds = np.where(b["labels"] == -100, 0, b["labels"])
+        ev.update_batch(b, {"preds": preds, "q_halt_logits": np.zeros(3)})
+local = arc_eval.score(ev.local_records(), ev.test_puzzles)[0]
+m = ev.result(result_path)
+json.dump({"metrics": m, "local": local}, open(f"{result_path}/p{pid}.json", "w"))
+"""
+
+
+@pytest.mark.multiprocess
+def test_two_jax_processes_gather_votes_on_process_0(built, tmp_path):
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    out, _ = built
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        JAX_NUM_CPU_DEVICES="1",
+        XLA_FLAGS="--xla_force_host_platform_device_count=1",
+        PYTHONPATH=os.getcwd(),
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WORKER, str(out), f"127.0.0.1:{port}", str(p), str(tmp_path)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for p in range(2)
+    ]
+    try:
+        logs = [p.communicate(timeout=120)[0].decode() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)
+    r0, r1 = (json.loads((tmp_path / f"p{p}.json").read_text()) for p in range(2))
+    assert r1["metrics"] is None  # only process 0 scores
+    assert set(r0["local"].values()) == {0.0} and r1["local"]["ARC/pass@1"] > 0
+    assert r0["metrics"] == r1["local"]  # process 0 scored process 1's gathered votes
+    assert (tmp_path / "submission.json").exists()
