@@ -275,6 +275,7 @@ def generate_puzzles(
     int64 [n]). Puzzle ``i`` depends only on ``(seed, start + i)`` (so disjoint ``start`` ranges give
     disjoint streams, e.g. train and test); ``min_rating`` rejects easier ones (rating = guesses)."""
     jobs = [(int(seed), start + i, int(min_rating)) for i in range(n)]
+    workers = min(workers, max(1, n // 16))  # a process pool costs ~1 s to start
     if workers > 1:
         import multiprocessing as mp
 

@@ -1,0 +1,300 @@
+"""data.sudoku + data.sudoku_solver: solver, generator, augmentation, builder from every source."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import numpy as np
+import pytest
+
+from data import sudoku
+from data.puzzle_format import FIELDS, load_split
+from data.puzzle_source import PuzzleTestDataset, PuzzleTrainDataset
+from data.sudoku_solver import (
+    check_puzzle,
+    count_solutions,
+    generate_puzzles,
+    is_valid_solution,
+    solve,
+)
+
+SEED = 11
+
+
+@pytest.fixture(scope="module")
+def generated():
+    """A dozen generated puzzles, shared by the tests below (generation is the slow part)."""
+    return generate_puzzles(12, SEED)
+
+
+# ----------------------------------------------------------------------------------- solver
+def test_solver_solves_sudoku_extreme_uniquely(shared_data_dir):
+    split = load_split(
+        os.path.join(shared_data_dir, "sudoku", "sudoku-extreme-1k-train-only"), "train", raw=True
+    )
+    for i in range(0, 1000, 100):  # 10 of the hard ones
+        question = split.all.inputs[i].astype(int) - 1
+        result = solve(question, limit=2)
+        assert result.num_solutions == 1
+        np.testing.assert_array_equal(result.solution, split.all.labels[i].astype(int) - 1)
+        assert result.guesses > 0
+
+
+def test_count_solutions_zero_one_many(generated):
+    puzzles, solutions, _ = generated
+    assert count_solutions(puzzles[0]) == 1
+    assert count_solutions(solutions[0]) == 1  # a full grid solves itself
+    assert count_solutions([0] * 81, limit=5) == 5
+    clash = solutions[0].copy()
+    clash[1] = clash[0]  # two equal digits in row 0
+    assert count_solutions(clash) == 0
+    dead = puzzles[0].astype(int).copy()  # consistent givens but no completion
+    blank = int(np.flatnonzero(dead == 0)[0])
+    dead[blank] = next(
+        d for d in range(1, 10) if d != solutions[0][blank] and _consistent(dead, blank, d)
+    )
+    assert count_solutions(dead) == 0
+    assert not is_valid_solution(clash) and is_valid_solution(solutions[0])
+
+
+def _consistent(grid, cell, d):
+    r, c = divmod(cell, 9)
+    g = np.asarray(grid).reshape(9, 9)
+    box = g[r // 3 * 3 : r // 3 * 3 + 3, c // 3 * 3 : c // 3 * 3 + 3]
+    return d not in g[r] and d not in g[:, c] and d not in box
+
+
+# -------------------------------------------------------------------------------- generator
+def test_generated_puzzles_are_unique_minimal_and_seeded(generated):
+    puzzles, solutions, ratings = generated
+    assert puzzles.shape == solutions.shape == (12, 81) and puzzles.dtype == np.uint8
+    for p, s in zip(puzzles, solutions):
+        result = solve(p, limit=2)
+        assert result.num_solutions == 1
+        np.testing.assert_array_equal(result.solution, s)
+        check_puzzle(p, s)
+    # minimal: removing any one given of the first puzzle admits a second solution
+    p = puzzles[0].copy()
+    for cell in np.flatnonzero(p):
+        q = p.copy()
+        q[cell] = 0
+        assert count_solutions(q) == 2
+    assert ratings.max() > 0, "some generated puzzles need guessing"
+    # same seed -> same puzzles; puzzle i depends only on (seed, start + i); other seed differs
+    again = generate_puzzles(3, SEED, start=9)
+    np.testing.assert_array_equal(again[0], puzzles[9:])
+    assert not np.array_equal(generate_puzzles(1, SEED + 1)[0][0], puzzles[0])
+
+
+def test_min_rating_rejects_easy_puzzles():
+    _, _, ratings = generate_puzzles(4, 3, min_rating=1)
+    assert (ratings >= 1).all()
+
+
+# ----------------------------------------------------------------------------- augmentation
+def test_augmentation_is_valid_seeded_and_keeps_original_first(generated):
+    puzzles, solutions, _ = generated
+    q, a = sudoku.augment_sudoku(puzzles[0], solutions[0], 200, np.random.default_rng(0))
+    assert q.shape == a.shape == (201, 81)
+    np.testing.assert_array_equal(q[0], puzzles[0])
+    np.testing.assert_array_equal(a[0], solutions[0])
+    sudoku.check_sudoku_pairs(q, a)  # every one a valid grid agreeing with its givens
+    assert ((q > 0).sum(1) == (puzzles[0] > 0).sum()).all()  # same number of givens
+    for i in (1, 50, 199):  # the transforms are Sudoku symmetries: still exactly one solution
+        result = solve(q[i], limit=2)
+        assert result.num_solutions == 1
+        np.testing.assert_array_equal(result.solution, a[i])
+    assert len({row.tobytes() for row in q}) > 190, "augmentations should be (almost) all distinct"
+    q2, a2 = sudoku.augment_sudoku(puzzles[0], solutions[0], 200, np.random.default_rng(0))
+    np.testing.assert_array_equal(q, q2)
+    np.testing.assert_array_equal(a, a2)
+    q3, _ = sudoku.augment_sudoku(puzzles[0], solutions[0], 200, np.random.default_rng(1))
+    assert not np.array_equal(q, q3)
+    # Row/band shuffles keep the multiset of givens-per-row; a transpose swaps it with the
+    # per-column one. Every augmentation must be one of the two, and both must occur.
+    mask = puzzles[0].reshape(9, 9) > 0
+    per_row, per_col = sorted(mask.sum(1)), sorted(mask.sum(0))
+    assert per_row != per_col, "fixture puzzle cannot tell transposes apart"
+    kinds = [sorted((row.reshape(9, 9) > 0).sum(1)) for row in q[1:]]
+    assert all(k in (per_row, per_col) for k in kinds)
+    assert 60 < sum(k == per_col for k in kinds) < 140  # transpose with p = 0.5
+
+
+def test_check_catches_a_broken_pair(generated):
+    puzzles, solutions, _ = generated
+    bad = solutions[:3].copy()
+    bad[1, [0, 1]] = bad[1, [1, 0]]  # swap two cells: rows still fine, columns broken
+    with pytest.raises(ValueError, match="row 1"):
+        sudoku.check_sudoku_pairs(puzzles[:3], bad)
+    wrong_given = puzzles[:3].copy()
+    cell = int(np.flatnonzero(wrong_given[2])[0])
+    wrong_given[2, cell] = wrong_given[2, cell] % 9 + 1
+    with pytest.raises(ValueError, match="row 2"):
+        sudoku.check_sudoku_pairs(wrong_given, solutions[:3])
+
+
+# ------------------------------------------------------------------------------------ builder
+def _write_csv(path, puzzles, solutions, ratings):
+    lines = ["source,question,answer,rating"]
+    for i, (p, s, r) in enumerate(zip(puzzles, solutions, ratings)):
+        q = "".join("." if v == 0 else str(v) for v in p)
+        lines.append(f"gen{i},{q},{''.join(map(str, s))},{int(r)}")
+    pathlib.Path(path).write_text("\n".join(lines) + "\n")
+
+
+def test_build_from_csv_round_trip(tmp_path, generated):
+    puzzles, solutions, ratings = generated
+    csv_dir = tmp_path / "csv"
+    csv_dir.mkdir()
+    _write_csv(csv_dir / "train.csv", puzzles[:8], solutions[:8], ratings[:8])
+    _write_csv(csv_dir / "test.csv", puzzles[8:], solutions[8:], ratings[8:])
+    out = tmp_path / "built"
+    args = [
+        "--csv-dir",
+        str(csv_dir),
+        "--output-dir",
+        str(out),
+        "--num-aug",
+        "3",
+        "--subsample-size",
+        "6",
+        "--seed",
+        "4",
+        "--no-progress",
+    ]
+    summary = sudoku.main(args)
+    assert summary["train"] == {**summary["train"], "groups": 6, "examples": 24}
+    assert summary["test"]["examples"] == 4
+
+    train = load_split(out, "train", raw=True)
+    meta = train.metadata
+    assert (meta.vocab_size, meta.seq_len, meta.pad_id, meta.ignore_label_id) == (11, 81, 0, 0)
+    assert (
+        meta.num_puzzle_identifiers,
+        meta.total_groups,
+        meta.total_puzzles,
+        meta.mean_puzzle_examples,
+    ) == (1, 6, 6, 1.0)
+    a = train.all
+    np.testing.assert_array_equal(a.group_indices, np.arange(0, 25, 4))
+    np.testing.assert_array_equal(a.puzzle_indices, np.arange(25))
+    assert (a.puzzle_identifiers == 0).all()
+    # encoding +1: blank -> 1, digits -> 2..10; index 0 of each group is an original CSV row
+    originals = a.inputs[a.group_indices[:-1]].astype(int) - 1
+    rows = [np.flatnonzero((puzzles[:8] == o).all(1)) for o in originals]
+    assert all(len(r) == 1 for r in rows)
+    np.testing.assert_array_equal(
+        a.labels[a.group_indices[:-1]] - 1, solutions[:8][[r[0] for r in rows]]
+    )
+    sudoku.check_sudoku_pairs(a.inputs.astype(int) - 1, a.labels.astype(int) - 1)
+
+    # The Grain test source hands back exactly the stored rows (collated), the train source
+    # only rows from the data set.
+    test = load_split(out, "test")
+    batches = list(PuzzleTestDataset(test, global_batch_size=3, process_index=0, process_count=1))
+    got = np.concatenate([b["inputs"][b["mask"] == 1] for b in batches])
+    np.testing.assert_array_equal(got, (puzzles[8:] + 1).astype(np.int32))
+    batch = next(
+        iter(PuzzleTrainDataset(out, global_batch_size=4, seed=0, process_index=0, process_count=1))
+    )
+    assert all(any((row == x).all() for x in a.inputs) for row in batch["inputs"])
+
+    # A second build with the same seed is byte-identical; another seed is not.
+    sudoku.main([*args[:3], str(tmp_path / "again"), *args[4:]])
+    sudoku.main([*args[:3], str(tmp_path / "other"), *args[4:-2], "5", "--no-progress"])
+    for field in FIELDS:
+        name = f"all__{field}.npy"
+        assert (out / "train" / name).read_bytes() == (
+            tmp_path / "again" / "train" / name
+        ).read_bytes()
+    assert (out / "train" / "all__inputs.npy").read_bytes() != (
+        tmp_path / "other" / "train" / "all__inputs.npy"
+    ).read_bytes()
+
+
+def test_csv_errors_name_file_and_line(tmp_path):
+    path = tmp_path / "train.csv"
+    path.write_text("source,question,answer,rating\nx," + "." * 80 + "," + "1" * 81 + ",3\n")
+    with pytest.raises(ValueError, match=r"train.csv:2: question/answer must have 81"):
+        sudoku.read_sudoku_csv(str(path))
+    path.write_text("source,question,answer,rating\nx," + "." * 81 + "," + "0" * 81 + ",3\n")
+    with pytest.raises(ValueError, match=r"train.csv:2: question must be"):
+        sudoku.read_sudoku_csv(str(path))
+
+
+def test_min_difficulty_filters_csv_rating(tmp_path, generated):
+    puzzles, solutions, _ = generated
+    records = sudoku.SudokuRecords(puzzles, solutions, np.arange(12.0))
+    summary = sudoku.build_sudoku(tmp_path / "d", records, None, min_difficulty=9)
+    assert summary["train"]["groups"] == 3 and "test" not in summary
+    with pytest.raises(ValueError, match="no puzzles left"):
+        sudoku.build_sudoku(tmp_path / "e", records, None, min_difficulty=100)
+
+
+def test_download_uses_urllib_and_explains_offline(tmp_path, monkeypatch, generated):
+    src = tmp_path / "hub"
+    src.mkdir()
+    _write_csv(src / "train.csv", *generated)
+    # The real download code, pointed at a file:// URL instead of the hub.
+    monkeypatch.setattr(sudoku, "HF_URL", src.as_uri() + "/{file}")
+    path = sudoku.download_sudoku_csv("train", str(tmp_path / "cache"), progress=False)
+    assert pathlib.Path(path).read_bytes() == (src / "train.csv").read_bytes()
+    assert len(sudoku.read_sudoku_csv(path)) == 12
+    with pytest.raises(RuntimeError, match="Offline.*--generate"):
+        sudoku.download_sudoku_csv("test", str(tmp_path / "cache"), progress=False)
+    assert os.listdir(tmp_path / "cache") == ["train.csv"], "no partial file left"
+
+
+def test_build_from_upstream_copy(tmp_path, shared_data_dir):
+    src = os.path.join(shared_data_dir, "sudoku", "sudoku-extreme-1k-train-only")
+    out = tmp_path / "up"
+    summary = sudoku.main(
+        [
+            "--input-upstream",
+            src,
+            "--output-dir",
+            str(out),
+            "--subsample-size",
+            "5",
+            "--num-aug",
+            "2",
+            "--generate-test",
+            "2",
+            "--no-progress",
+        ]
+    )
+    assert summary["train"]["examples"] == 15 and summary["test"]["examples"] == 2
+    built = load_split(out, "train", raw=True).all
+    original = load_split(src, "train", raw=True).all
+    firsts = built.inputs[built.group_indices[:-1]]
+    assert all((original.inputs == row).all(1).any() for row in firsts)
+
+
+def test_generate_cli_and_help(tmp_path, capsys):
+    summary = sudoku.main(
+        [
+            "--generate",
+            "4",
+            "--generate-test",
+            "2",
+            "--output-dir",
+            str(tmp_path / "g"),
+            "--num-aug",
+            "1",
+            "--workers",
+            "1",
+            "--no-progress",
+        ]
+    )
+    assert summary["train"]["groups"] == 4 and summary["train"]["examples"] == 8
+    assert summary["test"]["examples"] == 2
+    assert "wrote" in capsys.readouterr().out
+    test = load_split(tmp_path / "g", "test", raw=True).all
+    train = load_split(tmp_path / "g", "train", raw=True).all
+    assert not any((train.inputs == row).all(1).any() for row in test.inputs), (
+        "test puzzles leak into train"
+    )
+    with pytest.raises(SystemExit) as info:
+        sudoku.main(["--help"])
+    assert info.value.code == 0
