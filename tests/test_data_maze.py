@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from data import maze
-from data.augment import inverse_dihedral_transform
+from data.augment import dihedral_transform, inverse_dihedral_transform
 from data.puzzle_format import load_split
 
 
@@ -165,3 +165,50 @@ def test_csv_errors_name_file_and_row(fixture_rows, tmp_path):
     (tmp_path / "test.csv").write_text("source,question,answer,rating\nz,ab,ab,0\n")
     with pytest.raises(maze.MazeError, match="2 characters, expected 900"):
         maze.build(tmp_path / "out", source=tmp_path)
+
+
+def test_built_maze_through_the_grain_puzzle_sources(fixture_rows, tmp_path):
+    from data.puzzle_source import PuzzleTestDataset, PuzzleTrainDataset
+
+    x, y = fixture_rows
+    src = tmp_path / "csv"
+    src.mkdir()
+    _write_csv(src / "train.csv", x[:4], y[:4])
+    _write_csv(src / "test.csv", x[4:], y[4:])
+    maze.build(tmp_path / "aug", source=src, aug=True)
+    # Test batches: storage order, labels with ignore 0 -> -100 (never happens: every cell is
+    # labelled in Maze), padded last batch.
+    batches = list(
+        PuzzleTestDataset(
+            tmp_path / "aug",
+            split_name="test",
+            global_batch_size=4,
+            process_index=0,
+            process_count=1,
+        )
+    )
+    assert len(batches) == 1 and batches[0]["mask"].tolist() == [1, 1, 0, 0]
+    np.testing.assert_array_equal(batches[0]["inputs"][:2], x[4:])
+    np.testing.assert_array_equal(batches[0]["labels"][:2], y[4:])
+    # Train batches: one random augmentation per group; each row is a valid maze and one of the
+    # 8 transforms of one of the 4 train mazes.
+    ds = PuzzleTrainDataset(
+        tmp_path / "aug",
+        split_name="train",
+        global_batch_size=4,
+        seed=0,
+        process_index=0,
+        process_count=1,
+        num_iterations=2,
+    )
+    rows = list(ds)
+    assert len(rows) == 2
+    allowed = {
+        np.ascontiguousarray(dihedral_transform(x[g].reshape(30, 30), t)).tobytes()
+        for g in range(4)
+        for t in range(8)
+    }
+    for b in rows:
+        assert b["inputs"].shape == (4, 900)
+        maze.validate_mazes(b["inputs"], b["labels"])
+        assert {r.astype(np.uint8).tobytes() for r in b["inputs"]} <= allowed
