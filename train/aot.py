@@ -276,7 +276,9 @@ def compose_config(overrides: Sequence[str]):
     return cfg
 
 
-def aot_compile(overrides: Sequence[str], *, topology: str = "v4-64") -> AOTReport:
+def aot_compile(
+    overrides: Sequence[str], *, topology: str = "v4-64", hbm_bytes: int = V4_HBM_BYTES
+) -> AOTReport:
     """Compose the config, build the real step on the topology's mesh, compile, analyse."""
     devices = topology_devices(topology)
     from omegaconf import OmegaConf
@@ -305,7 +307,7 @@ def aot_compile(overrides: Sequence[str], *, topology: str = "v4-64") -> AOTRepo
         topology=topology,
         mesh=mesh,
         flops_per_step=task.flops_per_step,
-        hbm_bytes=V4_HBM_BYTES,
+        hbm_bytes=hbm_bytes,
         peak_flops_per_device=V4_PEAK_FLOPS,
         lower_seconds=t_lower,
         compile_seconds=t_compile,
@@ -320,12 +322,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--topology", default="v4-64", choices=sorted(TOPOLOGIES))
     p.add_argument("--json", help="also write the report as JSON to this path")
+    p.add_argument(
+        "--hbm-gib",
+        type=float,
+        default=V4_HBM_BYTES / GiB,
+        help="device memory to fit in (default: a v4 chip's 32 GiB; lower it to keep headroom)",
+    )
     args, overrides = p.parse_known_args(argv)
     bad = [o for o in overrides if o.startswith("-")]
     if bad:
         p.error(f"unknown option(s) {bad}")
     try:
-        report = aot_compile(overrides, topology=args.topology)
+        report = aot_compile(overrides, topology=args.topology, hbm_bytes=int(args.hbm_gib * GiB))
     except Exception as e:  # noqa: BLE001 - a compile OOM/config error is the answer, say it clearly
         print(f"train.aot: {type(e).__name__}: {e}", file=sys.stderr)
         if "RESOURCE_EXHAUSTED" in str(e) or "memory" in str(e).lower():
