@@ -49,6 +49,7 @@ import os
 import time
 import urllib.error
 import urllib.request
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -303,6 +304,18 @@ def build(
         input_file_prefix = download(subsets, download_to or output_dir.parent / ".arc_download")
     data = load_subsets(input_file_prefix, subsets)
     rng = np.random.default_rng(seed)
+    # ARC-AGI-2's training2 holds 376 of ARC-AGI-1's evaluation task ids: mixing the two leaks
+    # the test pairs into training. Upstream does not check; we say so loudly.
+    leaked = sorted(
+        {t for s, tasks in data.items() if s != test_set_name for t in tasks}
+        & set(data[test_set_name])
+    )
+    if leaked:
+        warnings.warn(
+            f"{len(leaked)} task ids of test set {test_set_name!r} also appear in other subsets "
+            f"(e.g. {leaked[:3]}); their test pairs are trained on through those subsets",
+            stacklevel=2,
+        )
 
     names = ["<blank>"]
     ident: dict[str, int] = {}
@@ -351,6 +364,7 @@ def build(
             writers["test"].add_group(test_group, translate=False, rng=rng)
 
     splits, summary = {}, {"input_file_prefix": str(input_file_prefix), "num_aug": num_aug}
+    summary["test_ids_in_other_subsets"] = len(leaked)
     for split, w in writers.items():
         arrays = w.arrays()
         meta = make_metadata(arrays, vocab_size=VOCAB_SIZE, num_puzzle_identifiers=len(names))

@@ -203,9 +203,10 @@ def test_augmentation_dedup_keeps_only_distinct_tasks(tmp_path):
         (tmp_path / f"k_{subset}_solutions.json").write_text(
             json.dumps({"blk": [[[0]]], "str": [[[1]]]})
         )
-    arc.build(
-        tmp_path / "o", input_file_prefix=prefix, subsets=["training", "evaluation"], num_aug=10
-    )
+    with pytest.warns(UserWarning, match="2 task ids of test set 'evaluation' also appear"):
+        arc.build(
+            tmp_path / "o", input_file_prefix=prefix, subsets=["training", "evaluation"], num_aug=10
+        )
     names = json.loads((tmp_path / "o" / "identifiers.json").read_text())
     per_task = {t: sum(n.split("|||")[0] == t for n in names) for t in ("blk", "str")}
     # 'blk' appears in both subsets under the same id; 'str' has 10 distinct augmentations each.
@@ -421,3 +422,16 @@ def test_two_jax_processes_gather_votes_on_process_0(built, tmp_path):
     assert set(r0["local"].values()) == {0.0} and r1["local"]["ARC/pass@1"] > 0
     assert r0["metrics"] == r1["local"]  # process 0 scored process 1's gathered votes
     assert (tmp_path / "submission.json").exists()
+
+
+def test_full_arc1_subsets_match_upstream_counts(shared_data_dir, tmp_path):
+    # Upstream's verified num_aug=2 build: 960 train groups, mean 4.15 examples per puzzle, 400
+    # test groups. The mean does not depend on num_aug (augmentations copy the example count).
+    s = arc.build(
+        tmp_path / "a",
+        input_file_prefix=f"{shared_data_dir}/trm-arc-kaggle-combined/arc-agi",
+        num_aug=0,
+    )
+    assert (s["train_groups"], s["test_groups"], s["test_examples"]) == (960, 400, 419)
+    assert round(s["train_mean_puzzle_examples"], 2) == 4.15
+    assert s["test_ids_in_other_subsets"] == 0
