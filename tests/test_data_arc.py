@@ -72,7 +72,19 @@ def test_dihedral_ids_inverses_and_colour_maps():
     a = np.arange(12).reshape(3, 4)  # non-square: catches swapped axes
     outs = [dihedral_transform(a, t) for t in range(8)]
     assert len({(o.shape, o.tobytes()) for o in outs}) == 8  # the 8 elements are distinct
-    np.testing.assert_array_equal(outs[1], np.rot90(a))
+    reference = [
+        a,
+        np.rot90(a, 1),
+        np.rot90(a, 2),
+        np.rot90(a, 3),
+        np.fliplr(a),
+        np.flipud(a),
+        a.T,
+        np.fliplr(np.rot90(a, 1)),
+    ]  # upstream's definitions by id
+    for t in range(8):
+        np.testing.assert_array_equal(outs[t], reference[t])
+    np.testing.assert_array_equal(dihedral_transform(np.stack([a, a + 1]), 1)[1], np.rot90(a + 1))
     np.testing.assert_array_equal(outs[6], a.T)
     np.testing.assert_array_equal(outs[7], a[::-1, ::-1].T)  # anti-transpose
     for t in range(8):
