@@ -49,7 +49,9 @@ def get_lr(it, *, learning_rate, warmup_iters, lr_decay_iters, min_lr):
         ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
         assert 0 <= ratio <= 1
         return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
-    it = jnp.asarray(it)
+    # Explicit float dtype: left to promotion, an int32 step count gives a float32 lr under jit
+    # even with x64 on (a 5e-8 relative error that the float64 trajectory test catches).
+    it = jnp.asarray(it).astype(jnp.result_type(float))
     warm = learning_rate * (it + 1) / (warmup_iters + 1)
     ratio = jnp.clip((it - warmup_iters) / max(lr_decay_iters - warmup_iters, 1), 0.0, 1.0)
     cos = min_lr + 0.5 * (1.0 + jnp.cos(jnp.pi * ratio)) * (learning_rate - min_lr)
