@@ -19,7 +19,9 @@ Python API: ``SudokuRecords`` (questions/answers uint8 [n, 81], 0 = blank, ratin
 ``read_sudoku_csv(path)``, ``download_sudoku_csv(split, cache_dir)``, ``read_upstream_sudoku(dir,
 split)``, ``generate_records(n, seed, start=0)``, ``augment_sudoku(question, answer, num_aug, rng)``,
 ``check_sudoku_pairs(questions, answers)``, ``build_sudoku(output_dir, train, test, *, subsample_size,
-min_difficulty, num_aug, seed, overwrite)`` -> summary dict. Solver/generator: data.sudoku_solver.
+min_difficulty, num_aug, seed, overwrite)`` -> summary dict, ``build_generated_sudoku(output_dir,
+num_train, num_test, *, num_aug, seed)`` (offline, for demos). Re-exported from data.sudoku_solver:
+``solve``, ``count_solutions``, ``generate_puzzles``.
 
 Encoding (upstream's): blank 0 / digits 1..9, then +1, so 0 = PAD, 1 = blank, 2..10 = digits;
 vocab 11, seq_len 81, ignore_label_id 0 (never occurs: every cell is supervised), one puzzle
@@ -42,6 +44,7 @@ import numpy as np
 
 from data import sudoku_solver
 from data.puzzle_format import PuzzleArrays, load_split, make_metadata, write_dataset
+from data.sudoku_solver import count_solutions, generate_puzzles, solve  # noqa: F401 (re-exported)
 
 HF_REPO = "sapientinc/sudoku-extreme"
 HF_URL = "https://huggingface.co/datasets/{repo}/resolve/main/{file}"
@@ -315,6 +318,28 @@ def build_sudoku(
     summary["bytes"] = _dir_bytes(output_dir)
     summary["seconds"] = time.perf_counter() - t0
     return summary
+
+
+def build_generated_sudoku(
+    output_dir: str,
+    num_train: int,
+    num_test: int,
+    *,
+    num_aug: int = 0,
+    seed: int = 0,
+    min_rating: int = 1,
+    workers: int = 1,
+    overwrite: bool = False,
+    progress: bool = False,
+) -> dict:
+    """Offline data set: ``num_train`` + ``num_test`` generated puzzles (disjoint seed streams),
+    train augmented ``num_aug`` times. What ``--generate N --generate-test M`` does."""
+    kw = dict(min_rating=min_rating, workers=workers, progress=progress)
+    train = generate_records(num_train, seed, **kw)
+    test = generate_records(num_test, seed, start=num_train, **kw) if num_test else None
+    return build_sudoku(
+        output_dir, train, test, num_aug=num_aug, seed=seed, overwrite=overwrite, progress=progress
+    )
 
 
 def _dir_bytes(path: str) -> int:

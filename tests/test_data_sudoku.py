@@ -295,6 +295,12 @@ def test_generate_cli_and_help(tmp_path, capsys):
     assert not any((train.inputs == row).all(1).any() for row in test.inputs), (
         "test puzzles leak into train"
     )
+    # The Python API the demo calls builds the very same files.
+    sudoku.build_generated_sudoku(tmp_path / "api", 4, 2, num_aug=1, seed=0)
+    for split in ("train", "test"):
+        for field in FIELDS:
+            name = f"{split}/all__{field}.npy"
+            assert (tmp_path / "api" / name).read_bytes() == (tmp_path / "g" / name).read_bytes()
     with pytest.raises(SystemExit) as info:
         sudoku.main(["--help"])
     assert info.value.code == 0
