@@ -304,8 +304,8 @@ def build(
         input_file_prefix = download(subsets, download_to or output_dir.parent / ".arc_download")
     data = load_subsets(input_file_prefix, subsets)
     rng = np.random.default_rng(seed)
-    # ARC-AGI-2's training2 holds 376 of ARC-AGI-1's evaluation task ids: mixing the two leaks
-    # the test pairs into training. Upstream does not check; we say so loudly.
+    # ARC-AGI-2's training2 holds 376 of ARC-AGI-1's evaluation task ids (356 with the same test
+    # pairs): mixing the two leaks the answers into training. Upstream does not check.
     leaked = sorted(
         {t for s, tasks in data.items() if s != test_set_name for t in tasks}
         & set(data[test_set_name])
