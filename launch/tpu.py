@@ -400,6 +400,10 @@ def run_commands(
             "hosts, which must all see one checkpoint; use a gs:// path (or pass "
             "--allow-local-run-dir if the path is a shared filesystem mounted on every host)"
         )
+    if target.accelerator.hosts > 1:
+        # train/distributed.py calls jax.distributed.initialize() (worker list from the metadata
+        # server) only when asked to; a single-host VM needs no distributed client.
+        env = ["TRAIN_DISTRIBUTED=1", *env]
     full = [*overrides, f"{RUN_NAME_KEY}={run_name}"]
     if out_dir is not None:
         full.append(f"{OUT_DIR_KEY}={out_dir}")

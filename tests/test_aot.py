@@ -137,9 +137,10 @@ def test_memory_report_of_a_cpu_compiled_fsdp_step():
 def test_real_gpt_step_on_8_cpu_devices_through_hydra():
     """The trainer's own step (E's builder), composed from the repo's Hydra configs, FSDP on CPU."""
     from train import mesh as mesh_lib
+    from train.compose import load_config
     from train.step import build_train_step, make_task
 
-    cfg = aot.compose_config(
+    cfg = load_config(
         [
             "+experiment=gpt_shakespeare_char_tiny",
             "mesh=cpu",

@@ -171,6 +171,8 @@ def test_run_starts_train_main_on_all_workers_with_quoted_overrides(capsys):
     assert '>> "$LOG" 2>&1 < /dev/null &' in train_line
     assert "LOG=~/trm-logs/sudoku-1/worker-" in script
     assert "export WANDB_API_KEY=k" in script
+    # 8 hosts: the trainer must join the others through jax.distributed.initialize()
+    assert "export TRAIN_DISTRIBUTED=1" in script.splitlines()
     assert "still running" in script  # refuses to start a second copy
 
 
@@ -180,8 +182,9 @@ def test_run_on_multi_host_requires_a_gcs_out_dir(capsys):
     argv = ["run", "--project", "p", "--run-name", "r", "--out-dir", "/tmp/runs", "--dry-run"]
     assert tpu.main(argv) == 2
     assert "gs://" in capsys.readouterr().err
-    # single-host slice: a local dir is fine
+    # single-host slice: a local dir is fine, and no distributed client is started
     assert tpu.main([*argv, "--accelerator-type", "v4-8"]) == 0
+    assert "TRAIN_DISTRIBUTED" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

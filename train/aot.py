@@ -256,44 +256,18 @@ def topology_devices(topology: str = "v4-64"):
     return list(desc.devices)
 
 
-def compose_config(overrides: Sequence[str]):
-    """The trainer's Hydra config for `overrides`, composed exactly as train.main does."""
-    from hydra import compose, initialize_config_dir
-
-    from train.config import register_schema
-
-    register_schema()
-    config_dir = os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs"
-    )
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        cfg = compose(config_name="config", overrides=list(overrides))
-    # A run name is required by the schema but irrelevant to a compile.
-    if cfg.run.get("name", None) in (None, "???"):
-        from omegaconf import OmegaConf
-
-        OmegaConf.update(cfg, "run.name", "aot", force_add=True)
-    return cfg
-
-
 def aot_compile(
     overrides: Sequence[str], *, topology: str = "v4-64", hbm_bytes: int = V4_HBM_BYTES
 ) -> AOTReport:
     """Compose the config, build the real step on the topology's mesh, compile, analyse."""
     devices = topology_devices(topology)
-    from omegaconf import OmegaConf
-
     from train import mesh as mesh_lib
-    from train.config import validate
-    from train.step import build_train_step
+    from train.compose import load_config
+    from train.step import build_train_step, make_task
 
-    cfg = compose_config(overrides)
-    if OmegaConf.is_missing(cfg.run, "name"):
-        cfg.run.name = "aot"
-    validate(cfg)
+    cfg = load_config(list(overrides))  # exactly as train.main composes and validates it
     mesh = mesh_lib.make_mesh(cfg.mesh, devices=devices)
-    from train.step import make_task
-
+    # need_data=False: sizes that come from the dataset (vocab, seq_len, ids) come from the config
     task = make_task(cfg, mesh, need_data=False)
     jitted, abstract_args = build_train_step(cfg, mesh, task=task)
     compiled, t_lower, t_compile = compile_step(jitted, abstract_args, mesh)
