@@ -1,0 +1,238 @@
+"""One TRM training step as a pure function (upstream pretrain.py `train_batch` + `ema.update`).
+
+The trainer builds the state once, then jits `train_step` with the graphdef and config closed over:
+
+    model.train()                                    # halting is adaptive only in training
+    graphdef, state = init_train_state(model, cfg)   # cfg: TRMOptimConfig
+    carry = model.initial_carry(first_batch)         # every slot halted: refilled at step 1
+    step = jax.jit(functools.partial(train_step, graphdef, config=cfg), donate_argnums=(0, 1))
+    for batch in loader:
+        state, carry, metrics = step(state, carry, batch)  # metrics: raw jnp sums, no host sync
+        log(normalize_train_metrics(metrics, cfg.global_batch_size))  # one step late, on host
+    eval_model = ema_model(graphdef, state)          # EMA params + live buffers, eval mode
+
+One call = one ACT step on the persistent carry, in upstream's order:
+  1. step += 1; if step > total_steps nothing is updated (params, table, optimizer, carry, RNG
+     keep their values) but the EMA is still updated (upstream runs ema.update after every batch).
+  2. forward on (carry, batch) -> new carry; loss = act_loss(...) / global_batch_size.
+  3. gradients of every nnx.Param and of the gathered puzzle rows (via `puzzle_emb_delta`, zeros:
+     d loss / d delta is upstream's `local_weights.grad`).
+  4. SignSGD on the puzzle table (ids = new_carry.current_data['puzzle_identifiers']), then
+     AdamATan2 on the params, each with its own lr from trm_lr(step) (step counted from 1).
+     No clipping, no accumulation, no loss scaling.
+  5. EMA of the params (mu = ema_rate).
+Under SPMD jit with global batch arrays the gradients and the SignSGD ids are global: there is no
+hand-written all-reduce / all-gather (upstream's dist.all_reduce and the SignSGD all-gather).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+
+from models.trm.layers import PuzzleTable
+from models.trm.optim import adam_atan2, ema_init, ema_update, sparse_sign_sgd, trm_lr
+
+
+@dataclasses.dataclass(frozen=True)
+class TRMOptimConfig:
+    """The optimisation fields of upstream's cfg_pretrain.yaml (same names, same defaults)."""
+
+    global_batch_size: int = 768
+    total_steps: int = 1  # optim.total_steps(epochs, total_groups, mean_puzzle_examples, gbs)
+    lr: float = 1e-4
+    lr_min_ratio: float = 1.0
+    lr_warmup_steps: int = 2000
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    puzzle_emb_lr: float = 1e-2
+    puzzle_emb_weight_decay: float = 0.1
+    ema: bool = True
+    ema_rate: float = 0.999
+    freeze_weights: bool = False  # upstream: train only the puzzle table
+    # passed to models.trm.act_loss: upstream's stablemax runs in float64, which needs jax x64;
+    # "float32" accepts a float32 loss instead (see docs/porting_trm.md)
+    loss_type: str = "stablemax_cross_entropy"
+    loss_dtype: str = "float64"
+
+    def __post_init__(self):
+        if self.global_batch_size <= 0:
+            raise ValueError(
+                f"TRMOptimConfig.global_batch_size must be > 0, got {self.global_batch_size}"
+            )
+        if self.total_steps <= 0:
+            raise ValueError(f"TRMOptimConfig.total_steps must be > 0, got {self.total_steps}")
+        if not 0.0 <= self.ema_rate <= 1.0:
+            raise ValueError(f"TRMOptimConfig.ema_rate must be in [0, 1], got {self.ema_rate}")
+
+    def schedule(self, step, base_lr: float):
+        return trm_lr(
+            step,
+            base_lr=base_lr,
+            warmup_steps=self.lr_warmup_steps,
+            total_steps=self.total_steps,
+            min_ratio=self.lr_min_ratio,
+        )
+
+
+@struct.dataclass
+class TRMTrainState:
+    """Everything one step reads and writes, as a pytree of arrays (shard, donate, checkpoint)."""
+
+    params: Any  # nnx.State of nnx.Param: what AdamATan2 trains and the EMA averages
+    table: Any  # nnx.State holding the PuzzleTable (empty without a puzzle embedding)
+    rest: Any  # nnx.State of everything else: H_init/L_init, the exploration RNG stream
+    opt_state: Any  # AdamATan2 state (optax.inject_hyperparams: lr is written every step)
+    ema: Any  # nnx.State like `params`, or None when config.ema is False
+    step: jax.Array  # int32: train_batch calls so far (upstream train_state.step)
+
+
+def adam_atan2_for(config: TRMOptimConfig) -> optax.GradientTransformation:
+    """The parameter optimizer, with the lr injected per step by `train_step`."""
+    return optax.inject_hyperparams(adam_atan2)(
+        learning_rate=0.0, b1=config.beta1, b2=config.beta2, weight_decay=config.weight_decay
+    )
+
+
+def init_train_state(model: nnx.Module, config: TRMOptimConfig):
+    """Split `model` (already in train mode) into (graphdef, TRMTrainState) at step 0."""
+    graphdef, params, table, rest = nnx.split(model, nnx.Param, PuzzleTable, ...)
+    state = TRMTrainState(
+        params=params,
+        table=table,
+        rest=rest,
+        opt_state=adam_atan2_for(config).init(params),
+        ema=ema_init(params) if config.ema else None,
+        step=jnp.zeros([], jnp.int32),
+    )
+    return graphdef, state
+
+
+def merge_model(graphdef, state: TRMTrainState) -> nnx.Module:
+    """The live model (training weights) of a state."""
+    return nnx.merge(graphdef, state.params, state.table, state.rest)
+
+
+def ema_model(graphdef, state: TRMTrainState) -> nnx.Module:
+    """The model upstream evaluates and checkpoints: EMA params (if config.ema) with the live
+    H_init/L_init and puzzle table, in eval mode."""
+    params = state.params if state.ema is None else state.ema
+    model = nnx.merge(graphdef, params, state.table, state.rest)
+    model.eval()
+    return model
+
+
+def _table_leaf(table_state):
+    leaves = jax.tree.leaves(table_state)
+    if len(leaves) > 1:
+        raise ValueError(f"expected at most one PuzzleTable variable, found {len(leaves)}")
+    return leaves[0] if leaves else None
+
+
+def train_step(
+    graphdef,
+    state: TRMTrainState,
+    carry,
+    batch: dict,
+    *,
+    config: TRMOptimConfig,
+    exploration=None,
+):
+    """One upstream train_batch + EMA update. Returns (state, carry, metrics).
+
+    `metrics` holds act_loss's raw batch sums (count, accuracy, exact_accuracy, q_halt_accuracy,
+    steps, lm_loss, q_halt_loss) plus `lr` and `puzzle_emb_lr`, all jnp scalars; on a skipped
+    step (step > total_steps) the sums are zeros. `exploration` is passed to the model (see TRM).
+    """
+    from models.trm import act_loss
+
+    batch_rows = batch["inputs"].shape[0]
+    if batch_rows != config.global_batch_size:
+        raise ValueError(
+            f"train_step: batch['inputs'] has {batch_rows} rows but global_batch_size is "
+            f"{config.global_batch_size} (the loader drops partial batches; the loss is scaled "
+            "by 1/global_batch_size)"
+        )
+    step = state.step + 1
+    lr = config.schedule(step, config.lr)
+    emb_lr = config.schedule(step, config.puzzle_emb_lr)
+    table = _table_leaf(state.table)
+
+    def loss_fn(params, delta):
+        model = nnx.merge(graphdef, params, state.table, state.rest)
+        new_carry, outputs = model(carry, batch, puzzle_emb_delta=delta, exploration=exploration)
+        loss, metrics = act_loss(
+            new_carry, outputs, loss_type=config.loss_type, loss_dtype=config.loss_dtype
+        )
+        rest = nnx.state(model, nnx.Not(nnx.Any(nnx.Param, PuzzleTable)))
+        return loss / config.global_batch_size, (new_carry, metrics, rest)
+
+    def update(_):
+        delta = None
+        if table is not None:
+            delta = jnp.zeros((batch_rows, table.shape[-1]), table.dtype)
+        grad_fn = jax.grad(loss_fn, argnums=(0, 1), has_aux=True)
+        (grads, delta_grad), (new_carry, metrics, rest) = grad_fn(state.params, delta)
+
+        new_table = state.table
+        if table is not None:  # SignSGD first (upstream's optimizer order)
+            ids = new_carry.current_data["puzzle_identifiers"]
+            new_table = jax.tree.map(
+                lambda t: sparse_sign_sgd(
+                    t,
+                    ids,
+                    delta_grad,
+                    learning_rate=emb_lr,
+                    weight_decay=config.puzzle_emb_weight_decay,
+                ),
+                state.table,
+            )
+        params, opt_state = state.params, state.opt_state
+        if not config.freeze_weights:  # then AdamATan2
+            hyper = dict(opt_state.hyperparams)  # a new dict: never mutate the input state
+            hyper["learning_rate"] = jnp.asarray(lr, hyper["learning_rate"].dtype)
+            opt_state = opt_state._replace(hyperparams=hyper)
+            updates, opt_state = adam_atan2_for(config).update(grads, opt_state, params)
+            params = optax.apply_updates(params, updates)
+        return params, new_table, rest, opt_state, new_carry, metrics
+
+    def skip(_):
+        shapes = jax.eval_shape(update, None)
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes[-1])
+        return state.params, state.table, state.rest, state.opt_state, carry, zeros
+
+    params, new_table, rest, opt_state, new_carry, metrics = jax.lax.cond(
+        step > config.total_steps, skip, update, None
+    )
+    ema = ema_update(state.ema, params, config.ema_rate) if state.ema is not None else None
+    new_state = TRMTrainState(
+        params=params, table=new_table, rest=rest, opt_state=opt_state, ema=ema, step=step
+    )
+    metrics = dict(metrics, lr=lr, puzzle_emb_lr=emb_lr)
+    return new_state, new_carry, metrics
+
+
+# Logged as they are: not batch sums.
+_NOT_SUMS = ("lr", "puzzle_emb_lr")
+
+
+def normalize_train_metrics(metrics: dict, global_batch_size: int) -> dict:
+    """Upstream's training normalisation: keys ending in 'loss' are divided by the global batch
+    size, all other sums by max(count, 1) (so `count` itself becomes 1, or 0 with no valid row).
+    Works on jnp scalars (inside jit) and on host floats alike."""
+    count = jnp.maximum(metrics["count"], 1)
+    out = {}
+    for k, v in metrics.items():
+        if k in _NOT_SUMS:
+            out[k] = v
+        elif k.endswith("loss"):
+            out[k] = v / global_batch_size
+        else:
+            out[k] = v / count
+    return out
