@@ -6,6 +6,7 @@
     python -m launch.tpu run     --project P --run-name R --out-dir gs://B/runs -- +experiment=trm_sudoku
     python -m launch.tpu logs    --project P --run-name R [--worker 0] [--follow]
     python -m launch.tpu collect --project P --run-name R      # copy every worker's log here
+    python -m launch.tpu exec    --project P -- python -m data.sudoku ...   # any command, all workers
     python -m launch.tpu stop    --project P --run-name R      # kill the run on every worker
     python -m launch.tpu delete  --project P                   # delete the slice and its queue entry
 
@@ -441,6 +442,17 @@ def collect_commands(target: Target, *, run_name: str, dest: str) -> list[list[s
     return commands
 
 
+def exec_commands(target: Target, *, argv: Sequence[str], worker: str = "all") -> list[list[str]]:
+    """Run one command in the code dir with the venv active, on every worker (or one)."""
+    _check_worker(target, worker)
+    if not argv:
+        raise LaunchError("exec: give the command after '--', e.g. -- python -m data.sudoku --help")
+    script = (
+        f"set -euo pipefail\ncd {REMOTE_DIR}\nsource {REMOTE_VENV}/bin/activate\n{shlex.join(argv)}"
+    )
+    return [_ssh(target, script, worker=worker)]
+
+
 def stop_commands(target: Target, *, run_name: str) -> list[list[str]]:
     """SIGTERM the run's process on every worker (only the pids this launcher recorded)."""
     _check_run_name(run_name)
@@ -528,6 +540,10 @@ def _parser() -> argparse.ArgumentParser:
     co.add_argument("--run-name", required=True)
     co.add_argument("--dest", default="tpu-logs")
 
+    ex = sub.add_parser("exec", parents=[common], help="run a command on every worker")
+    ex.add_argument("--worker", default="all", help="worker index or 'all'")
+    ex.add_argument("argv", nargs="*", help="the command, after '--'")
+
     st = sub.add_parser("stop", parents=[common], help="stop the run on every worker")
     st.add_argument("--run-name", required=True)
     return p
@@ -568,6 +584,8 @@ def build_commands(args: argparse.Namespace) -> list[list[str]]:
         )
     if args.step == "collect":
         return collect_commands(target, run_name=args.run_name, dest=args.dest)
+    if args.step == "exec":
+        return exec_commands(target, argv=args.argv, worker=args.worker)
     if args.step == "stop":
         return stop_commands(target, run_name=args.run_name)
     raise AssertionError(args.step)

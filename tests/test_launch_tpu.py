@@ -225,3 +225,17 @@ def test_without_gcloud_the_error_says_how_to_get_it(capsys, monkeypatch):
     monkeypatch.setattr(tpu.shutil, "which", lambda name: None)
     assert tpu.main(["status", "--project", "p"]) == 2
     assert "Google Cloud CLI" in capsys.readouterr().err
+
+
+def test_exec_runs_a_command_in_the_code_dir_on_all_workers(capsys):
+    (ssh,) = dry_run(
+        capsys, "exec", "--project", "p", "--", "python", "-m", "data.sudoku", "--out", "a b"
+    )
+    assert flag(ssh, "--worker") == "all"
+    assert flag(ssh, "--command").splitlines()[1:] == [
+        "cd ~/trm-jax",
+        "source ~/trm-venv/bin/activate",
+        "python -m data.sudoku --out 'a b'",
+    ]
+    assert tpu.main(["exec", "--project", "p", "--dry-run"]) == 2
+    assert "after '--'" in capsys.readouterr().err
