@@ -178,6 +178,28 @@ def test_resume_through_grain_checkpoint_handler(tmp_path):
     assert _same(_take(restored, 4), expected)
 
 
+def test_resume_through_map_and_thread_prefetch(tmp_path):
+    # What a trainer stacks on top: a per-batch map and a background prefetch thread.
+    root, _ = _multi_example_set(tmp_path)
+    ds = PuzzleTrainDataset(root, global_batch_size=16, seed=7, process_index=0, process_count=1)
+    pipeline = grain.experimental.ThreadPrefetchIterDataset(
+        ds.map(lambda b: {**b, "n_supervised": np.int32((b["labels"] != IGNORE_LABEL).sum())}),
+        prefetch_buffer_size=3,
+    )
+    it = iter(pipeline)
+    _take(it, 4)
+    state = it.get_state()
+    expected = _take(it, 5)
+    it.close()
+    again = iter(pipeline)
+    again.set_state(state)
+    got = _take(again, 5)
+    again.close()
+    assert _same(got, expected)
+    plain = _take(iter(ds), 9)[4:]  # the prefetch thread neither skips nor repeats a batch
+    assert _same([{k: v for k, v in b.items() if k != "n_supervised"} for b in expected], plain)
+
+
 def test_state_from_another_pipeline_is_refused(tmp_path):
     root, _ = _multi_example_set(tmp_path)
     state = iter(
