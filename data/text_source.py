@@ -27,12 +27,17 @@ import os
 import pickle
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import grain
 import numpy as np
 
+if TYPE_CHECKING:  # imported inside the Grain functions: bin writers stay light
+    import grain
+
 TOKEN_DTYPE = np.uint16  # nanoGPT's on-disk dtype; GPT-2's 50257 ids fit
-_EVAL_SEED_OFFSET = 1_000_003  # keeps eval windows disjoint in stream from train draws
+_EVAL_SEED_OFFSET = (
+    1_000_003  # eval windows must not replay the first train batches (same run seed)
+)
 
 
 class UnsafePickleError(ValueError):
@@ -134,9 +139,11 @@ def read_meta(path: str | os.PathLike) -> dict:
 # Grain
 
 
-class TokenWindows(grain.sources.RandomAccessDataSource):
+class TokenWindows:
     """Random access to every (x, y) window of a token bin: record i is the block starting at
-    token i. The memmap is opened lazily so the source pickles into Grain worker processes."""
+    token i. The memmap is opened lazily so the source pickles into Grain worker processes.
+    (Grain's RandomAccessDataSource is a Protocol: no base class needed, and builders that only
+    write bins never import grain and jax.)"""
 
     def __init__(self, path: str | os.PathLike, block_size: int):
         self.path = str(path)
@@ -222,6 +229,8 @@ def train_dataset(
 ) -> grain.IterDataset:
     """Endless (or `num_batches`) random-window batches for this JAX process. Iterate with
     `it = iter(ds)`; `it.get_state()` / `it.set_state(state)` resume exactly."""
+    import grain
+
     lo, hi = _process_slice(global_batch_size, process_index, process_count)
     draw = _DrawBatch(TokenWindows(path, block_size), seed, global_batch_size, lo, hi)
     ds = grain.MapDataset.range(num_batches if num_batches is not None else 2**62)

@@ -447,3 +447,32 @@ def test_full_arc1_subsets_match_upstream_counts(shared_data_dir, tmp_path):
     assert (s["train_groups"], s["test_groups"], s["test_examples"]) == (960, 400, 419)
     assert round(s["train_mean_puzzle_examples"], 2) == 4.15
     assert s["test_ids_in_other_subsets"] == 0
+
+
+def test_download_path_through_a_file_url(kaggle_prefix, tmp_path, monkeypatch):
+    import os
+
+    src = os.path.dirname(kaggle_prefix)
+    monkeypatch.setattr(arc, "UPSTREAM_URL", f"file://{src}/arc-agi_{{subset}}_{{kind}}.json")
+    s = arc.main(
+        [
+            "--download",
+            "--download-dir",
+            str(tmp_path / "dl"),
+            "--output-dir",
+            str(tmp_path / "o"),
+            "--subsets",
+            "training",
+            "evaluation",
+            "--num-aug",
+            "1",
+        ]
+    )
+    assert s["train_groups"] == TRAIN_TASKS + EVAL_TASKS
+    assert sorted(p.name for p in (tmp_path / "dl").iterdir()) == sorted(
+        f"arc-agi_{s}_{k}.json"
+        for s in ("training", "evaluation")
+        for k in ("challenges", "solutions")
+    )
+    with pytest.raises(RuntimeError, match="offline"):
+        arc.download(["concept"], tmp_path / "dl")

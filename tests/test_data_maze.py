@@ -212,3 +212,15 @@ def test_built_maze_through_the_grain_puzzle_sources(fixture_rows, tmp_path):
         assert b["inputs"].shape == (4, 900)
         maze.validate_mazes(b["inputs"], b["labels"])
         assert {r.astype(np.uint8).tobytes() for r in b["inputs"]} <= allowed
+
+
+def test_build_without_source_downloads_both_csvs(fixture_rows, tmp_path, monkeypatch):
+    x, y = fixture_rows
+    repo = tmp_path / "hub" / maze.HF_REPO
+    repo.mkdir(parents=True)
+    _write_csv(repo / "train.csv", x[:3], y[:3])
+    _write_csv(repo / "test.csv", x[3:], y[3:])
+    monkeypatch.setattr(maze, "HF_URL", f"file://{tmp_path}/hub/{{repo}}/{{filename}}")
+    s = maze.build(tmp_path / "out", cache_dir=tmp_path / "cache")
+    assert (s["train_mazes"], s["test_mazes"], s["source"]) == (3, 3, maze.HF_REPO)
+    np.testing.assert_array_equal(load_split(tmp_path / "out", "test", raw=True).all.inputs, x[3:])

@@ -219,3 +219,21 @@ def test_eval_dataset_is_fixed_and_finite(token_bin):
     assert len(a) == 5
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x["x"], y["x"])
+
+
+def test_shakespeare_download_path_through_a_file_url(tmp_path):
+    (tmp_path / "src.txt").write_text("to be or not to be\n" * 10)
+    s = shakespeare_char.build(tmp_path / "out", url=f"file://{tmp_path}/src.txt")
+    assert s["vocab_size"] == len(set("to be or not to be\n"))
+    assert s["train_tokens"] == int(0.9 * 190) and s["val_tokens"] == 190 - int(0.9 * 190)
+    with pytest.raises(RuntimeError, match="offline"):
+        shakespeare_char.build(tmp_path / "out2", url=f"file://{tmp_path}/missing.txt")
+
+
+def test_openwebtext_worker_processes_give_the_same_bins(tmp_path):
+    _tiny_corpus(tmp_path)
+    inputs = [str(tmp_path / "txt"), str(tmp_path / "rest.jsonl")]
+    openwebtext.build(inputs, tmp_path / "one", encoding="bytes", val_fraction=0.2)
+    openwebtext.build(inputs, tmp_path / "two", encoding="bytes", val_fraction=0.2, num_proc=2)
+    for f in ("train.bin", "val.bin"):
+        assert (tmp_path / "one" / f).read_bytes() == (tmp_path / "two" / f).read_bytes()
