@@ -58,93 +58,100 @@ def get_encoding(name: str):
         ) from e
 
 
-# A document reference is (path, byte offset of its line) for jsonl or (path, None) for .txt, so
-# a 54 GB corpus is enumerated without being held in memory.
-def _doc_refs(inputs) -> list[tuple[str, int | None]]:
-    files: list[Path] = []
-    for inp in inputs:
-        p = Path(inp)
-        if p.is_dir():
-            files += sorted(q for q in p.rglob("*") if q.suffix in (".txt", ".jsonl"))
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise FileNotFoundError(f"input {p} does not exist")
-    refs = []
-    for f in files:
-        if f.suffix == ".jsonl":
-            with open(f, "rb") as fh:
-                offset = 0
-                for line in fh:
-                    if line.strip():
-                        refs.append((str(f), offset))
-                    offset += len(line)
-        else:
-            refs.append((str(f), None))
-    if not refs:
-        raise ValueError(f"no documents found in {list(map(str, inputs))} (*.txt or *.jsonl)")
-    return refs
+class _FileDocuments:
+    """Documents of .txt / .jsonl inputs, enumerated as (path, byte offset of the line) for jsonl
+    or (path, None) for .txt, so a 54 GB corpus is indexed without being held in memory."""
+
+    def __init__(self, inputs):
+        files: list[Path] = []
+        for inp in inputs:
+            p = Path(inp)
+            if p.is_dir():
+                files += sorted(q for q in p.rglob("*") if q.suffix in (".txt", ".jsonl"))
+            elif p.is_file():
+                files.append(p)
+            else:
+                raise FileNotFoundError(f"input {p} does not exist")
+        self.refs: list[tuple[str, int | None]] = []
+        for f in files:
+            if f.suffix == ".jsonl":
+                with open(f, "rb") as fh:
+                    offset = 0
+                    for line in fh:
+                        if line.strip():
+                            self.refs.append((str(f), offset))
+                        offset += len(line)
+            else:
+                self.refs.append((str(f), None))
+        if not self.refs:
+            raise ValueError(f"no documents found in {list(map(str, inputs))} (*.txt or *.jsonl)")
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    def text(self, i: int) -> str:
+        path, offset = self.refs[i]
+        if offset is None:
+            return Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            line = fh.readline()
+        try:
+            return json.loads(line)["text"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(
+                f"{path} @ byte {offset}: expected a JSON object with 'text' ({e})"
+            ) from e
 
 
-def _read_doc(ref: tuple[str, int | None]) -> str:
-    path, offset = ref
-    if offset is None:
-        return Path(path).read_text(encoding="utf-8")
-    with open(path, "rb") as fh:
-        fh.seek(offset)
-        line = fh.readline()
-    try:
-        return json.loads(line)["text"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{path} @ byte {offset}: expected a JSON object with 'text' ({e})") from e
+class _HubDocuments:
+    """A Hugging Face dataset's "text" column, read row by row (the arrow table is memory-mapped;
+    materialising the column would need the whole corpus in RAM)."""
+
+    def __init__(self, name: str):
+        try:
+            import datasets
+        except ImportError as e:
+            raise RuntimeError("--hf-dataset needs `pip install datasets` (and network)") from e
+        self.ds = datasets.load_dataset(name, split="train")
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def text(self, i: int) -> str:
+        return self.ds[int(i)]["text"]
 
 
 _ENC = None
+_DOCS = None
 
 
-def _init_worker(encoding_name: str) -> None:
-    global _ENC
-    _ENC = get_encoding(encoding_name)
+def _init_worker(encoding_name: str, docs) -> None:
+    global _ENC, _DOCS
+    _ENC, _DOCS = get_encoding(encoding_name), docs
 
 
-def _tokenize(doc) -> np.ndarray:
-    text = _read_doc(doc) if isinstance(doc, tuple) else doc
-    ids = _ENC.encode_ordinary(text)  # special-token text in documents stays ordinary text
+def _tokenize(i: int) -> np.ndarray:
+    ids = _ENC.encode_ordinary(_DOCS.text(i))  # special-token text in documents stays ordinary
     ids.append(_ENC.eot_token)  # nanoGPT appends EOT to each document (as a separator)
     return np.array(ids, dtype=np.uint16)
 
 
-def _write_split(path: Path, docs, encoding: str, num_proc: int, desc: str) -> tuple[int, int]:
-    count = {"docs": 0}
+def _write_split(path: Path, docs, order, encoding: str, num_proc: int, desc: str) -> int:
+    """Tokenize documents `order` (indices into docs) in that order into one bin."""
 
     def chunks():
         if num_proc > 1:
-            with multiprocessing.get_context("spawn").Pool(
-                num_proc, initializer=_init_worker, initargs=(encoding,)
-            ) as pool:
-                for ids in tqdm(
-                    pool.imap(_tokenize, docs, chunksize=64), total=len(docs), desc=desc
-                ):
-                    count["docs"] += 1
-                    yield ids
+            ctx = multiprocessing.get_context("spawn")
+            with ctx.Pool(num_proc, initializer=_init_worker, initargs=(encoding, docs)) as pool:
+                it = pool.imap(_tokenize, order.tolist(), chunksize=64)
+                yield from tqdm(it, total=len(order), desc=desc)
         else:
-            _init_worker(encoding)
-            for doc in tqdm(docs, desc=desc):
-                count["docs"] += 1
-                yield _tokenize(doc)
+            _init_worker(encoding, docs)
+            for i in tqdm(order.tolist(), desc=desc):
+                yield _tokenize(i)
 
-    n = write_token_bin(path, chunks())
-    if count["docs"] != len(docs):
-        raise RuntimeError(f"{path}: tokenized {count['docs']} of {len(docs)} documents")
-    return n, count["docs"]
-
-
-def _hf_documents(name: str) -> list[str]:
-    try:
-        import datasets
-    except ImportError as e:
-        raise RuntimeError("--hf-dataset needs `pip install datasets` (and network)") from e
-    return datasets.load_dataset(name, split="train")["text"]
+    return write_token_bin(path, chunks())
 
 
 def build(
@@ -162,7 +169,7 @@ def build(
     enc = get_encoding(encoding)  # fail before any work if the tokenizer is unavailable
     if enc.n_vocab > 65536:
         raise ValueError(f"encoding {encoding!r} has {enc.n_vocab} ids: too many for uint16 bins")
-    docs = _hf_documents(hf_dataset) if hf_dataset else _doc_refs(inputs)
+    docs = _HubDocuments(hf_dataset) if hf_dataset else _FileDocuments(inputs)
     n = len(docs)
     if n < 2:
         raise ValueError(f"need at least 2 documents for a train/val split, got {n}")
@@ -171,10 +178,8 @@ def build(
     splits = {"val": order[:n_val], "train": order[n_val:]}
     summary = {"documents": n, "encoding": encoding, "vocab_size": enc.n_vocab}
     for name, idx in splits.items():
-        tokens, ndocs = _write_split(
-            out_dir / f"{name}.bin", [docs[i] for i in idx], encoding, num_proc, name
-        )
-        summary[f"{name}_documents"] = ndocs
+        tokens = _write_split(out_dir / f"{name}.bin", docs, idx, encoding, num_proc, name)
+        summary[f"{name}_documents"] = len(idx)
         summary[f"{name}_tokens"] = tokens
         summary[f"{name}_bytes"] = (out_dir / f"{name}.bin").stat().st_size
     write_meta_json(

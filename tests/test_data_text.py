@@ -237,3 +237,12 @@ def test_openwebtext_worker_processes_give_the_same_bins(tmp_path):
     openwebtext.build(inputs, tmp_path / "two", encoding="bytes", val_fraction=0.2, num_proc=2)
     for f in ("train.bin", "val.bin"):
         assert (tmp_path / "one" / f).read_bytes() == (tmp_path / "two" / f).read_bytes()
+
+
+def test_openwebtext_bad_jsonl_line_names_file_and_offset(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"text": "fine"}\n{"body": "no text field"}\n')
+    with pytest.raises(ValueError, match=r"a.jsonl @ byte 17: expected a JSON object with 'text'"):
+        openwebtext.build(
+            [tmp_path / "a.jsonl"], tmp_path / "o", encoding="bytes", val_fraction=0.5
+        )
+    assert not list((tmp_path / "o").glob(".*tmp*"))  # no temp file left behind
