@@ -476,3 +476,27 @@ def test_download_path_through_a_file_url(kaggle_prefix, tmp_path, monkeypatch):
     )
     with pytest.raises(RuntimeError, match="offline"):
         arc.download(["concept"], tmp_path / "dl")
+
+
+def test_test_puzzles_share_identifiers_with_train_and_load_through_grain(built):
+    from data.puzzle_source import PuzzleTrainDataset
+
+    out, _ = built
+    train = load_split(out, "train", raw=True).all
+    test = load_split(out, "test", raw=True).all
+    # The puzzle embedding a test row looks up was trained on that puzzle's demonstrations.
+    assert set(test.puzzle_identifiers.tolist()) <= set(train.puzzle_identifiers.tolist())
+    ds = PuzzleTrainDataset(
+        out,
+        split_name="train",
+        global_batch_size=8,
+        seed=0,
+        process_index=0,
+        process_count=1,
+        num_iterations=1,
+    )
+    batches = list(ds)
+    assert batches, "one iteration over 7 groups must fill at least one batch of 8"
+    for b in batches:
+        assert b["inputs"].shape == (8, 900) and (b["puzzle_identifiers"] > 0).all()
+        assert set(np.unique(b["labels"])) <= {IGNORE_LABEL, *range(1, 12)}  # PAD -> ignored
