@@ -308,7 +308,10 @@ def resolve(cfg: BenchConfig, *, seed: int = 0, jax_overrides: dict | None = Non
         trainer_cfg = OmegaConf.to_container(composed, resolve=True)
         source = f"configs/experiment/{cfg.experiment}.yaml + {' '.join(overrides[1:])}"
     else:
-        trainer_cfg = _fallback_trainer_cfg(cfg, seed)
+        from train.config import Config
+
+        merged = OmegaConf.merge(OmegaConf.structured(Config), _fallback_trainer_cfg(cfg, seed))
+        trainer_cfg = OmegaConf.to_container(merged, resolve=True)
         source = "bench/configs.py" + (
             f" (configs/experiment/{cfg.experiment}.yaml not found)" if cfg.experiment else ""
         )

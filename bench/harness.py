@@ -22,6 +22,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import re
 import shlex
 import shutil
 import statistics
@@ -97,7 +98,11 @@ class Worker:
 
 
 def _short_error(text: str) -> str:
-    lines = [line for line in str(text).strip().splitlines() if line.strip()]
+    """The `SomeError: message` line of a traceback (JAX appends notes after it)."""
+    lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", line):
+            return line[:300]
     return lines[-1][:300] if lines else "error"
 
 
@@ -351,11 +356,11 @@ def bench_config(
         res["recompiles_during_timing"] = (
             after - before if before is not None and after is not None else None
         )
-    if "jax" in times:
+    if times.get("jax"):
         for other in ("torch_eager", "torch_compile"):
-            if other in times and times[other]:
+            if times.get(other):
                 record["ratios"][f"jax/{other}"] = _paired_ratios(times["jax"], times[other])
-    if "torch_compile" in times and "torch_eager" in times and times["torch_eager"]:
+    if times.get("torch_compile") and times.get("torch_eager"):
         record["ratios"]["torch_compile/torch_eager"] = _paired_ratios(
             times["torch_compile"], times["torch_eager"]
         )

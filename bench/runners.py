@@ -83,6 +83,15 @@ class _CompileCounter:
         cls._registered = True
 
 
+def _loss_of(metrics: dict, rc: dict) -> float:
+    """Loss of a step's metrics; TRM's raw sums are turned into upstream's total / global batch."""
+    if "loss" in metrics:
+        return float(np.asarray(metrics["loss"]))
+    lm, qh = (float(np.asarray(metrics[k])) for k in ("lm_loss", "q_halt_loss"))
+    qc = float(np.asarray(metrics.get("q_continue_loss", 0.0)))
+    return (lm + 0.5 * (qh + qc)) / rc["batch_size"]
+
+
 class JaxRunner:
     def __init__(self, cfg, spec):
         self.cfg, self.spec = cfg, spec
@@ -98,13 +107,25 @@ class JaxRunner:
 
         self.tcfg = OmegaConf.create(self.cfg["trainer_cfg"])
         self.mesh = mesh_lib.make_mesh(self.tcfg.mesh)
-        self.task = make_task(self.tcfg, self.mesh, need_data=False)
-        self.step_fn = jit_train_step(self.task)
-        self.state = self.task.create_state()
         batch = make_batch(self.cfg, self.spec["seed"])
-        if self.cfg["family"] == "gpt":
-            batch = {k: v[None].astype(np.int32) for k, v in batch.items()}  # [accum=1, B, T]
-        self.batch = self.task.to_global(batch)
+        self.task = None
+        try:
+            self.task = make_task(self.tcfg, self.mesh, need_data=False)
+        except (ImportError, ModuleNotFoundError) as e:
+            if self.cfg["family"] != "trm":
+                raise
+            self.step_source = f"models.trm.train_step.train_step under jax.jit (trainer: {e})"
+            self._setup_trm_direct(batch)
+        if self.task is not None:
+            self.step_source = (
+                "train.step.jit_train_step(train.step.make_task(cfg, mesh)) "
+                "(jax.jit, NamedShardings, donate_argnums=0)"
+            )
+            self.step_fn = jit_train_step(self.task)
+            self.state = self.task.create_state()
+            if self.cfg["family"] == "gpt":
+                batch = {k: v[None].astype(np.int32) for k, v in batch.items()}  # [accum=1, B, T]
+            self.batch = self.task.to_global(batch)
         jax.block_until_ready((self.state, self.batch))
         dev = jax.devices()[0]
         return {
@@ -112,14 +133,44 @@ class JaxRunner:
             "device": f"{dev.platform}:{dev.device_kind}",
             "num_devices": jax.device_count(),
             "mesh": dict(self.mesh.shape),
-            "step": "train.step.jit_train_step(train.step.make_task(cfg, mesh)) "
-            "(jax.jit, NamedShardings, donate_argnums=0)",
+            "step": self.step_source,
             "task_flops_per_step": float(getattr(self.task, "flops_per_step", 0.0)),
             # params + optimiser state (+ TRM carry), in elements
             "state_elements": int(
                 sum(x.size for x in jax.tree.leaves(self.state) if hasattr(x, "size"))
             ),
         }
+
+    def _setup_trm_direct(self, batch):
+        """Before the trainer has a TRM task: C's pure step, jitted the way the trainer jits
+        (state and carry donated). Reported as such in the JSON (`info.step`)."""
+        import functools
+
+        import jax
+        from flax import nnx
+
+        from models.trm import TRM, TRMConfig
+        from models.trm.train_step import TRMOptimConfig, init_train_state, train_step
+
+        rc, o = self.cfg, self.cfg["optim"]
+        B = rc["batch_size"]
+        model = TRM(
+            TRMConfig(**{**rc["jax_model"], "batch_size": B}), rngs=nnx.Rngs(self.spec["seed"])
+        )
+        model.train()
+        keys = [f.name for f in __import__("dataclasses").fields(TRMOptimConfig)]
+        ocfg = TRMOptimConfig(**{k: v for k, v in o.items() if k in keys}, global_batch_size=B)
+        graphdef, state = init_train_state(model, ocfg)
+        self.batch = jax.device_put({k: jax.numpy.asarray(v) for k, v in batch.items()})
+        carry = model.initial_carry(self.batch)
+        step = jax.jit(functools.partial(train_step, graphdef, config=ocfg), donate_argnums=(0, 1))
+
+        def step_fn(sc, b):
+            new_state, new_carry, metrics = step(sc[0], sc[1], b)
+            return (new_state, new_carry), metrics
+
+        self.step_fn = step_fn
+        self.state = (state, carry)
 
     def run(self, n: int):
         import jax
@@ -130,7 +181,7 @@ class JaxRunner:
             self.state, metrics = self.step_fn(self.state, self.batch)
         jax.block_until_ready((self.state, metrics))
         dt = time.perf_counter() - t0
-        return dt, float(np.asarray(metrics["loss"]))
+        return dt, _loss_of(metrics, self.cfg)
 
     def stats(self) -> dict:
         import jax
@@ -269,15 +320,110 @@ class TorchGPTRunner:
 # PyTorch TRM
 
 
+def _trm_config_class():
+    """models.trm.config.TRMConfig without importing the models.trm package (whose __init__
+    pulls in jax/flax): the PyTorch worker then holds torch only, and its RSS is torch's alone."""
+    import importlib.util
+    import os
+    import sys
+
+    name = "_bench_trm_config"
+    if name not in sys.modules:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        spec = importlib.util.spec_from_file_location(
+            name, os.path.join(root, "models", "trm", "config.py")
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name].TRMConfig
+
+
 class TorchTRMRunner:
+    """Upstream pretrain.py's train_batch on our PyTorch TRM: forward on the persistent carry,
+    backward of loss / global_batch, SignSGD on the puzzle rows, AdamATan2, then the EMA."""
+
     def __init__(self, cfg, spec, compile: bool):
         self.cfg, self.spec, self.compile = cfg, spec, compile
 
     def setup(self) -> dict:
-        raise NotImplementedError("TRM PyTorch runner: waiting for parity/trm_torch")
+        import torch
+
+        from parity.trm_torch import ACTLossHead, build_model
+        from parity.trm_torch_optim import AdamATan2, EMAHelper, SparseSignSGD, train_batch
+
+        self.dev = _torch_setup(self.spec["device"])
+        torch.manual_seed(self.spec["seed"])
+        rc, o = self.cfg, self.cfg["optim"]
+        B = rc["batch_size"]
+        model_cfg = _trm_config_class()(**{**rc["model"], "batch_size": B})
+        batch = make_batch(rc, self.spec["seed"])
+        # upstream builds everything under `with torch.device("cuda")`; so do we (the carry too)
+        with torch.device(self.dev):
+            self.model = ACTLossHead(build_model(model_cfg))
+            self.model.train()
+            self.batch = {k: torch.from_numpy(v).to(self.dev) for k, v in batch.items()}
+            self.carry = self.model.initial_carry(self.batch)
+        self.optimizers, self.base_lrs = [], []
+        if model_cfg.puzzle_emb_ndim > 0:
+            emb = self.model.model.puzzle_emb
+            self.optimizers.append(
+                SparseSignSGD(
+                    emb.weights,
+                    emb.local_weights,
+                    emb.local_ids,
+                    lr=o["puzzle_emb_lr"],
+                    weight_decay=o["puzzle_emb_weight_decay"],
+                )  # fmt: skip
+            )
+            self.base_lrs.append(o["puzzle_emb_lr"])
+        self.optimizers.append(
+            AdamATan2(
+                self.model.parameters(),
+                lr=o["lr"],
+                betas=(o["beta1"], o["beta2"]),
+                weight_decay=o["weight_decay"],
+            )  # fmt: skip
+        )
+        self.base_lrs.append(o["lr"])
+        self.ema = None
+        if o.get("ema", False):
+            self.ema = EMAHelper(mu=o["ema_rate"])
+            self.ema.register(self.model)
+        self.train_batch = train_batch
+        self.fwd = torch.compile(self.model) if self.compile else self.model
+        self.step_count = 0
+        return _torch_info(self.dev, self.model, self.compile)
+
+    def _loss_fn(self):
+        self.carry, loss, metrics, _, _ = self.fwd(carry=self.carry, batch=self.batch)
+        return loss, loss.detach()
+
+    def _step(self):
+        o = self.cfg["optim"]
+        self.step_count += 1
+        loss, _ = self.train_batch(
+            self._loss_fn,
+            self.optimizers,
+            self.base_lrs,
+            self.step_count,
+            total_steps=o["total_steps"],
+            warmup_steps=o["lr_warmup_steps"],
+            min_ratio=o["lr_min_ratio"],
+            global_batch_size=self.cfg["batch_size"],
+        )
+        if self.ema is not None:
+            self.ema.update(self.model)
+        return loss
 
     def run(self, n: int):
-        raise NotImplementedError
+        _torch_sync(self.dev)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            loss = self._step()
+        _torch_sync(self.dev)
+        dt = time.perf_counter() - t0
+        return dt, float(loss.float().cpu()) / self.cfg["batch_size"]
 
     def stats(self) -> dict:
         return _torch_stats(self.dev)

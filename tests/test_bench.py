@@ -1,0 +1,194 @@
+"""Functional tests of the benchmark harness (bench/). Speed is never asserted here: these check
+that a run produces a complete, well-formed record, that implementations are interleaved, and
+that the analytic FLOP counts equal hand-computed values."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import configs as bench_configs
+from bench import flops, harness
+
+# --------------------------------------------------------------------------------------------
+# FLOP counters
+
+
+def test_gpt_flops_match_nanogpt_published_counts():
+    # nanoGPT spec §1.8 [derived]: N and FLOPs per token of the train config, the HF shape and
+    # shakespeare_char.
+    gpt2 = dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50304, block_size=1024, bias=False)
+    assert flops.gpt_num_params(gpt2) == 123_587_328
+    assert flops.gpt_flops_per_token(gpt2) == 854_770_176
+    hf = dict(gpt2, vocab_size=50257, bias=True)
+    assert flops.gpt_flops_per_token(hf) == 855_166_464
+    char = dict(n_embd=384, n_layer=6, n_head=6, vocab_size=65, block_size=256, bias=False)
+    assert flops.gpt_flops_per_token(char) == 70_958_592
+    # per step: tokens x per-token cost
+    assert flops.gpt_flops_per_step(char, batch_size=64) == 70_958_592 * 256 * 64
+
+
+def test_gpt_flops_agree_with_the_port():
+    gpt = pytest.importorskip("models.gpt")
+    cfg = bench_configs.get("gpt_shakespeare_char_tiny").model
+    assert flops.gpt_flops_per_token(cfg) == gpt.flops_per_token(gpt.GPTConfig(**cfg))
+
+
+def test_trm_block_flops_by_hand():
+    # mlp_t block, D=8, S=4+2=6, expansion 4: channel inter = roundup256(round(4*8*2/3)=21) = 256,
+    # token inter = roundup256(round(4*6*2/3)=16) = 256.
+    cfg = dict(hidden_size=8, seq_len=4, puzzle_emb_ndim=8, puzzle_emb_len=2, vocab_size=5,
+               num_heads=2, expansion=4, H_cycles=2, L_cycles=3, L_layers=1, mlp_t=True)  # fmt: skip
+    channel = 2 * 6 * 8 * 512 + 2 * 6 * 256 * 8  # gate_up (8 -> 512) + down (256 -> 8)
+    token = 2 * 8 * 6 * 512 + 2 * 8 * 256 * 6  # the same along the 6 positions
+    assert flops.trm_block_flops(cfg) == channel + token
+    # attention block: qkv 8 -> 24, QK^T and PV over 6x6 per head (2 heads of 4), o 8 -> 8
+    att = dict(cfg, mlp_t=False)
+    assert flops.trm_block_flops(att) == (
+        2 * 6 * 8 * 24 + 2 * (2 * 2 * 6 * 6 * 4) + 2 * 6 * 8 * 8 + channel
+    )
+    # step: (H-1)(L+1)nL blocks forward only, (L+1)nL blocks x3, heads x3; batch 3
+    step = flops.trm_flops_per_step(cfg, batch_size=3)
+    blk = channel + token
+    assert step["block_applications"] == 2 * 4 * 1
+    assert step["blocks_no_grad"] == 3 * (1 * 4 * blk)
+    assert step["blocks_grad"] == 3 * (3 * 4 * blk)
+    assert step["heads"] == 3 * 3 * (2 * 4 * 8 * 5 + 2 * 8 * 2)
+    assert step["total"] == step["blocks_no_grad"] + step["blocks_grad"] + step["heads"]
+
+
+def test_trm_sudoku_counts():
+    # Sudoku mlp_t: 42 block applications per ACT step (trm spec §2.5); token MLP width 512 for
+    # 97 positions and channel width 1536 for 512 (spec §2.2 table).
+    cfg = bench_configs.get("trm_sudoku").model
+    step = flops.trm_flops_per_step(cfg, batch_size=1)
+    assert step["block_applications"] == 42
+    assert flops.trm_block_flops(cfg) == 6 * 97 * 512 * 1536 + 6 * 512 * 97 * 512
+
+
+def test_peak_flops_presets():
+    assert flops.peak_flops_for_device_name("NVIDIA H100 80GB HBM3") == 989e12
+    assert flops.peak_flops_for_device_name("NVIDIA A100-SXM4-40GB") == 312e12
+    assert flops.peak_flops_for_device_name("some cpu") is None
+    assert harness.resolve_peak_flops("cpu", 1e12) == (1e12, "given by --peak-flops")
+
+
+# --------------------------------------------------------------------------------------------
+# Statistics
+
+
+def test_summarize_quartiles_and_paired_ratios():
+    s = harness.summarize([4.0, 1.0, 3.0, 2.0, 5.0])
+    assert (s["median"], s["q1"], s["q3"], s["min"], s["max"], s["n"]) == (3.0, 2.0, 4.0, 1, 5, 5)
+    r = harness._paired_ratios([1.0, 2.0, 3.0], [2.0, 4.0, 6.0])
+    assert r["median"] == r["min"] == r["max"] == 0.5
+
+
+# --------------------------------------------------------------------------------------------
+# End to end: a 2-step run of a micro GPT through the real JAX trainer step and the torch reference
+
+_MICRO_GPT = bench_configs.BenchConfig(
+    name="micro_gpt",
+    family="gpt",
+    device="cpu",
+    model=dict(
+        block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=16, dropout=0.0, bias=False
+    ),
+    batch_size=2,
+    dtype="float32",
+    optim=dict(
+        learning_rate=1e-3,
+        min_lr=1e-4,
+        warmup_iters=2,
+        lr_decay_iters=10,
+        max_iters=10,
+        weight_decay=0.1,
+        beta1=0.9,
+        beta2=0.99,
+        grad_clip=1.0,
+        decay_lr=True,
+    ),  # fmt: skip
+)
+
+
+def test_two_step_run_writes_complete_record(tmp_path, monkeypatch):
+    monkeypatch.setitem(bench_configs.CONFIGS, "micro_gpt", _MICRO_GPT)
+    result = harness.main(
+        [
+            "--configs",
+            "micro_gpt",
+            "--impls",
+            "jax,torch_eager",
+            "--steps",
+            "2",
+            "--warmup",
+            "0",
+            "--inner",
+            "1",
+            "--peak-flops",
+            "1e12",
+            "--threads",
+            "1",
+            "--out",
+            str(tmp_path),
+        ]  # fmt: skip
+    )
+    on_disk = json.loads((tmp_path / harness.JSON_NAME).read_text())
+    assert (tmp_path / harness.PNG_NAME).stat().st_size > 1000
+    assert on_disk["results"][0]["config"] == "micro_gpt"
+    for key in ("command", "machine", "peak_flops", "peak_flops_source", "loadavg_start",
+                "loadavg_end", "settings", "wall_s"):  # fmt: skip
+        assert key in on_disk, key
+    rec = result["results"][0]
+    assert rec["config_source"].startswith("bench/configs.py")
+    # round 0 (compile) + 2 timed rounds, each running A then B
+    assert rec["schedule"] == ["jax", "torch_eager"] * 3
+    assert rec["flops_per_step"] == flops.gpt_flops_per_token(_MICRO_GPT.model) * 8 * 2
+    for impl in ("jax", "torch_eager"):
+        res = rec["impls"][impl]
+        assert res["status"] == "ok", res.get("traceback")
+        t = res["step_time_s"]
+        assert t["n"] == 2 and 0 < t["min"] <= t["q1"] <= t["median"] <= t["q3"] <= t["max"]
+        assert res["items_per_s"] == pytest.approx(16 / t["median"])
+        assert res["mfu"] == pytest.approx(rec["flops_per_step"] / t["median"] / 1e12)
+        assert res["compile_s"] >= 0 and res["first_step_s"] > 0
+        assert res["memory"]["peak_rss_bytes"] > 0
+        assert len(res["losses"]) == 3 and all(x == x for x in res["losses"])
+    assert rec["impls"]["jax"]["recompiles_during_timing"] == 0
+    assert rec["impls"]["jax"]["info"]["step"].startswith("train.step.jit_train_step")
+    assert set(rec["ratios"]) == {"jax/torch_eager"}
+    # same initial loss scale on both sides: ln(16) for a fresh model on uniform tokens
+    assert abs(rec["impls"]["jax"]["losses"][0] - rec["impls"]["torch_eager"]["losses"][0]) < 0.5
+    assert "micro_gpt" in harness.format_table(result)
+
+
+def test_failing_impl_is_reported_not_raised(tmp_path, monkeypatch):
+    bad = bench_configs.BenchConfig(
+        name="bad_gpt", family="gpt", device="cpu",
+        model=dict(_MICRO_GPT.model, n_head=3),  # 16 is not divisible by 3: both sides refuse
+        batch_size=2, dtype="float32", optim=_MICRO_GPT.optim,
+    )  # fmt: skip
+    monkeypatch.setitem(bench_configs.CONFIGS, "bad_gpt", bad)
+    result = harness.main(
+        [
+            "--configs",
+            "bad_gpt",
+            "--impls",
+            "torch_eager",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--inner",
+            "1",
+            "--peak-flops",
+            "1e12",
+            "--no-chart",
+            "--out",
+            str(tmp_path),
+        ]  # fmt: skip
+    )
+    res = result["results"][0]["impls"]["torch_eager"]
+    assert res["status"] == "error" and "Error" in res["error"]
+    assert "ERROR" in harness.format_table(result)
