@@ -500,3 +500,25 @@ def test_test_puzzles_share_identifiers_with_train_and_load_through_grain(built)
     for b in batches:
         assert b["inputs"].shape == (8, 900) and (b["puzzle_identifiers"] > 0).all()
         assert set(np.unique(b["labels"])) <= {IGNORE_LABEL, *range(1, 12)}  # PAD -> ignored
+
+
+def test_vectorised_crop_matches_the_row_scan():
+    rng = np.random.default_rng(0)
+    rows = [rng.choice(12, size=900, p=[0.01, 0.01] + [0.098] * 10) for _ in range(500)]
+    for _ in range(500):  # encoded grids of random shapes at random offsets (train-style)
+        h, w = rng.integers(1, 31, size=2)
+        g = rng.integers(0, 10, size=(h, w)).astype(np.uint8)
+        off = (int(rng.integers(0, 31 - h)), int(rng.integers(0, 31 - w)))
+        rows.append(arc.grid_to_seq(g, off))
+    stair = np.full((30, 30), 5, np.uint8)  # widths 30, 20, 12, 12, 3, ...: best area mid-way
+    for r, w in enumerate([30, 20, 12, 12, 12, 3]):
+        stair[r, w:] = 0
+    stair[6:] = 0
+    rows += [stair.reshape(-1), np.full(900, 7, np.uint8), np.zeros(900, np.uint8)]
+    shapes = arc_eval.crop_shapes(np.stack(rows))
+    for seq, shape in zip(rows, shapes):
+        ref = arc_eval._crop_reference(seq)
+        assert tuple(shape) == ref.shape
+        np.testing.assert_array_equal(arc_eval.crop(seq), ref)
+    assert tuple(shapes[-3]) == (5, 12) and tuple(shapes[-2]) == (30, 30)
+    assert tuple(shapes[-1]) == (0, 0)
