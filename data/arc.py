@@ -7,7 +7,8 @@
 
 Inputs (Kaggle layout): `<prefix>_<subset>_challenges.json` ({task id: {"train": [{input, output}],
 "test": [{input}]}}) and `<prefix>_<subset>_solutions.json` ({task id: [output per test input]}).
-`--download` fetches the combined files from the upstream TRM repository into a cache folder.
+`--download` fetches the combined files from the upstream TRM repository into a cache folder. A
+missing solutions file (Kaggle's hidden test set) is filled with [[0]] outputs, with a warning.
 
 Split rule (upstream): demonstration pairs of every task go to TRAIN; the test pairs of tasks in
 `--test-set-name` go to TEST, those of every other subset to TRAIN. So the evaluation tasks'
@@ -101,14 +102,19 @@ def load_subsets(prefix, subsets) -> dict[str, dict[str, dict]]:
     out = {}
     for subset in subsets:
         files = {k: Path(f"{prefix}_{subset}_{k}.json") for k in ("challenges", "solutions")}
-        for f in files.values():
-            if not f.is_file():
-                raise FileNotFoundError(
-                    f"{f} not found (expected Kaggle layout <prefix>_<subset>_{{challenges,"
-                    f"solutions}}.json; subset {subset!r})"
-                )
+        if not files["challenges"].is_file():
+            raise FileNotFoundError(
+                f"{files['challenges']} not found (expected Kaggle layout "
+                f"<prefix>_<subset>_{{challenges,solutions}}.json; subset {subset!r})"
+            )
         challenges = json.loads(files["challenges"].read_text())
-        solutions = json.loads(files["solutions"].read_text())
+        if files["solutions"].is_file():
+            solutions = json.loads(files["solutions"].read_text())
+        else:  # e.g. Kaggle's hidden test challenges: build for a submission, scores meaningless
+            warnings.warn(
+                f"{files['solutions']} not found: test outputs filled with [[0]]", stacklevel=2
+            )
+            solutions = {t: [[[0]]] * len(task["test"]) for t, task in challenges.items()}
         tasks = {}
         for tid_, task in challenges.items():
             where = f"{files['challenges']}[{tid_}]"

@@ -20,8 +20,8 @@ Result: for every test input, identical predictions are grouped and ranked by (v
 sigmoid(q_halt)), both descending (ties keep first-seen order). pass@K = 1 if the true output is
 among the top K; a task scores the mean over its test inputs; ARC/pass@K is the mean over tasks
 (pass@2 is the competition metric). submission.json: {task id: [{"attempt_1": grid, "attempt_2":
-grid}, ...] per test input}, short candidate lists padded by repeating them (a test input with no
-prediction at all gets [[0]]).
+grid}, ...] per test input}, short candidate lists padded with the top candidate (a test input
+with no prediction at all gets [[0]] where upstream drops the entry and misaligns the list).
 
 Processes: each process records only its own rows. `result()` gathers the records of all JAX
 processes onto process 0: a JSON payload per process, exchanged as padded uint8 arrays with
@@ -231,10 +231,11 @@ def score(records: dict, test_puzzles: dict, pass_Ks=PASS_KS, submission_K: int 
             )
             for k in pass_Ks:
                 per_input[k].append(float(label_hash in ranked[:k]))
+            # Upstream pads with the top candidate, and skips a test input with no prediction at
+            # all, which shifts the later inputs' attempts; we keep the slot with [[0]].
             grids = [records["grids"][h] for h in ranked[:submission_K]] or [[[0]]]
-            submission[task_id].append(
-                {f"attempt_{i + 1}": grids[i % len(grids)] for i in range(submission_K)}
-            )
+            grids += [grids[0]] * (submission_K - len(grids))
+            submission[task_id].append({f"attempt_{i + 1}": g for i, g in enumerate(grids)})
         for k in pass_Ks:
             pass_sum[k] += float(np.mean(per_input[k]))
     n = max(len(test_puzzles), 1)

@@ -522,3 +522,36 @@ def test_vectorised_crop_matches_the_row_scan():
         np.testing.assert_array_equal(arc_eval.crop(seq), ref)
     assert tuple(shapes[-3]) == (5, 12) and tuple(shapes[-2]) == (30, 30)
     assert tuple(shapes[-1]) == (0, 0)
+
+
+def test_score_ranking_padding_and_missing_predictions():
+    g = {k: np.full((1, 1), k, np.uint8) for k in range(4)}
+    h = {k: arc.grid_hash(v) for k, v in g.items()}
+    tp = {
+        "a": {
+            "train": [],
+            "test": [{"input": [[0]], "output": [[2]]}, {"input": [[1]], "output": [[3]]}],
+        }
+    }
+    votes = [["a", h[0], h[1], 0.9], ["a", h[0], h[2], 0.2], ["a", h[0], h[2], 0.4]]
+    records = {"votes": votes, "grids": {h[k]: g[k].tolist() for k in g}}
+    m, sub = arc_eval.score(records, tp, pass_Ks=(1, 2), submission_K=3)
+    # Input 0: grid 2 (2 votes) beats grid 1 (1 vote, higher q). Input 1: no prediction -> 0.
+    assert m == {"ARC/pass@1": 0.5, "ARC/pass@2": 0.5}
+    assert sub["a"][0] == {"attempt_1": [[2]], "attempt_2": [[1]], "attempt_3": [[2]]}
+    assert sub["a"][1] == {"attempt_1": [[0]], "attempt_2": [[0]], "attempt_3": [[0]]}
+
+
+def test_missing_solutions_file_fills_dummy_outputs(kaggle_prefix, tmp_path):
+    import shutil
+
+    prefix = tmp_path / "arc-agi"
+    shutil.copy(
+        f"{kaggle_prefix}_evaluation_challenges.json", f"{prefix}_evaluation_challenges.json"
+    )
+    with pytest.warns(UserWarning, match="solutions.json not found"):
+        arc.build(tmp_path / "o", input_file_prefix=prefix, subsets=["evaluation"], num_aug=0)
+    tp = json.loads((tmp_path / "o" / "test_puzzles.json").read_text())
+    assert len(tp) == EVAL_TASKS and all(
+        p["output"] == [[0]] for t in tp.values() for p in t["test"]
+    )
