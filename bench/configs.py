@@ -332,8 +332,18 @@ def resolve(cfg: BenchConfig, *, seed: int = 0, jax_overrides: dict | None = Non
     trainer_cfg["model"] = jax_model
     optim = dict(trainer_cfg.get("optim") or {})
     if cfg.family == "trm":
-        optim["total_steps"] = int(trainer_cfg["trainer"].get("total_steps") or 0) or int(
-            cfg.optim.get("total_steps", 100000)
+        # the trainer's schedule length: trainer.total_steps, else upstream's
+        # int(epochs * total_groups * mean_puzzle_examples / global_batch) with the data
+        # section's defaults (train/trm_task.py, no data on disk)
+        t, d = trainer_cfg["trainer"], trainer_cfg.get("data") or {}
+        derived = int(
+            int(t.get("epochs") or 0)
+            * int(d.get("total_groups", 1000))
+            * float(d.get("mean_puzzle_examples", 1.0))
+            / batch
+        )
+        optim["total_steps"] = (
+            int(t.get("total_steps") or 0) or derived or int(cfg.optim.get("total_steps", 100000))
         )
     return {
         "config": cfg.name,

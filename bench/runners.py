@@ -83,13 +83,14 @@ class _CompileCounter:
         cls._registered = True
 
 
-def _loss_of(metrics: dict, rc: dict) -> float:
-    """Loss of a step's metrics; TRM's raw sums are turned into upstream's total / global batch."""
+def _loss_of(metrics: dict, rc: dict, raw_sums: bool) -> float:
+    """Loss of a step's metrics. TRM: upstream's lm + 0.5 (q_halt + q_continue), per example
+    (the trainer's metrics are already divided by the global batch; C's raw sums are not)."""
     if "loss" in metrics:
         return float(np.asarray(metrics["loss"]))
     lm, qh = (float(np.asarray(metrics[k])) for k in ("lm_loss", "q_halt_loss"))
     qc = float(np.asarray(metrics.get("q_continue_loss", 0.0)))
-    return (lm + 0.5 * (qh + qc)) / rc["batch_size"]
+    return (lm + 0.5 * (qh + qc)) / (rc["batch_size"] if raw_sums else 1)
 
 
 class JaxRunner:
@@ -106,6 +107,13 @@ class JaxRunner:
         from omegaconf import OmegaConf
 
         self.tcfg = OmegaConf.create(self.cfg["trainer_cfg"])
+        if (
+            self.cfg["family"] == "trm"
+            and self.cfg["optim"].get("loss_dtype", "float64") == "float64"
+        ):
+            # as train.trainer does: upstream's stablemax loss is float64 (the model sets its own
+            # dtypes explicitly, so x64 changes nothing else)
+            jax.config.update("jax_enable_x64", True)
         self.mesh = mesh_lib.make_mesh(self.tcfg.mesh)
         batch = make_batch(self.cfg, self.spec["seed"])
         self.task = None
@@ -181,7 +189,7 @@ class JaxRunner:
             self.state, metrics = self.step_fn(self.state, self.batch)
         jax.block_until_ready((self.state, metrics))
         dt = time.perf_counter() - t0
-        return dt, _loss_of(metrics, self.cfg)
+        return dt, _loss_of(metrics, self.cfg, raw_sums=self.task is None)
 
     def stats(self) -> dict:
         import jax
