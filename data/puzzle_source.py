@@ -11,7 +11,9 @@ process_index=None, process_count=None, set_name="all")`` -- a ``grain.IterDatas
   batch of an iteration is dropped. ``num_iterations=None`` repeats forever.
   ``iter(ds)`` gives a ``grain.DatasetIterator`` whose ``get_state()`` is the JSON dict
   ``{"iteration": k, "batch": b, ...}`` (the next global batch); ``set_state`` resumes exactly
-  there, so ``grain.checkpoint.CheckpointSave/CheckpointRestore`` work with Orbax.
+  there, so ``grain.checkpoint.CheckpointSave/CheckpointRestore`` work with Orbax. After the last
+  batch of iteration ``k`` the state reads ``{"iteration": k, "batch": num_batches(k)}`` (the
+  trainer evaluates there); the step to ``k + 1`` happens on the next ``next()``.
 
 ``PuzzleTestDataset(split, *, global_batch_size, process_index=None, process_count=None,
 set_name="all")`` -- a ``grain.MapDataset`` of ``ceil(N / global_batch_size)`` batches.

@@ -163,6 +163,23 @@ def test_resume_mid_epoch_and_across_iterations(tmp_path):
     assert _same(_take(resumed, 2 * n0 + 3), expected)
 
 
+def test_state_at_an_iteration_end_marks_it_and_resumes_into_the_next(tmp_path):
+    # The trainer evaluates when state["batch"] == num_batches(state["iteration"]): the move to the
+    # next iteration must happen lazily, on the following next().
+    root, _ = _multi_example_set(tmp_path)
+    ds = PuzzleTrainDataset(root, global_batch_size=16, seed=2, process_index=0, process_count=1)
+    it = iter(ds)
+    _take(it, ds.num_batches(0))
+    state = it.get_state()
+    assert (state["iteration"], state["batch"]) == (0, ds.num_batches(0))
+    first_of_next = next(it)
+    assert (it.get_state()["iteration"], it.get_state()["batch"]) == (1, 1)
+    assert _same([first_of_next], [ds.make_batch(1, 0)])
+    resumed = iter(ds)
+    resumed.set_state(state)
+    assert _same([next(resumed)], [first_of_next])
+
+
 def test_resume_through_grain_checkpoint_handler(tmp_path):
     from etils import epath
 
