@@ -5,7 +5,9 @@
 
 Documents -> seeded shuffle and split (val = ceil(val_fraction * n) documents, nanoGPT's
 train_test_split(test_size=0.0005, seed=2357)) -> tiktoken `encode_ordinary` + EOT per document ->
-train.bin / val.bin (uint16, documents concatenated) + meta.json.
+train.bin / val.bin (uint16, documents concatenated) + meta.json ({"encoding",
+"tokenizer_vocab_size", "eot_token"}: deliberately no "vocab_size", so the model keeps nanoGPT's
+padded 50304 rather than the tokenizer's 50257).
 
 Inputs: a .txt file is one document; a folder contributes its *.txt / *.jsonl files (sorted); a
 .jsonl file has one JSON object per line with a "text" field. `--hf-dataset` needs the `datasets`
@@ -182,9 +184,12 @@ def build(
         summary[f"{name}_documents"] = len(idx)
         summary[f"{name}_tokens"] = tokens
         summary[f"{name}_bytes"] = (out_dir / f"{name}.bin").stat().st_size
+    # No "vocab_size" key on purpose: nanoGPT has no meta for OpenWebText and then pads GPT-2's
+    # 50257 ids to 50304 (a multiple of 64); a trainer that takes vocab_size from the meta would
+    # silently train a different model.
     write_meta_json(
         out_dir / "meta.json",
-        {"vocab_size": enc.n_vocab, "encoding": encoding, "eot_token": enc.eot_token},
+        {"encoding": encoding, "tokenizer_vocab_size": enc.n_vocab, "eot_token": enc.eot_token},
     )
     summary["seconds"] = round(time.time() - t0, 2)
     return summary

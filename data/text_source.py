@@ -109,8 +109,10 @@ class _DataOnlyUnpickler(pickle.Unpickler):
 
 
 def _check_meta(meta, where: str) -> dict:
-    if not isinstance(meta, dict) or "vocab_size" not in meta:
-        raise ValueError(f"{where}: expected a dict with 'vocab_size', got {type(meta).__name__}")
+    if not isinstance(meta, dict):
+        raise ValueError(f"{where}: expected a dict, got {type(meta).__name__}")
+    if "vocab_size" in meta and not isinstance(meta["vocab_size"], int):
+        raise ValueError(f"{where}: 'vocab_size' must be an int, got {meta['vocab_size']!r}")
     for key in ("stoi", "itos"):
         if key in meta and not isinstance(meta[key], dict):
             raise ValueError(f"{where}: '{key}' must be a dict, got {type(meta[key]).__name__}")
@@ -120,7 +122,7 @@ def _check_meta(meta, where: str) -> dict:
 def read_meta(path: str | os.PathLike) -> dict:
     """Read a dataset's meta: `path` is meta.json, meta.pkl, or a folder holding either (JSON
     preferred). Returns nanoGPT's form: {'vocab_size': int, 'itos': {int: str}, 'stoi': {str: int}}
-    (itos/stoi only for character-level data)."""
+    for character-level data; BPE bins (data.openwebtext) carry no 'vocab_size' (see there)."""
     path = Path(path)
     if path.is_dir():
         path = path / "meta.json" if (path / "meta.json").exists() else path / "meta.pkl"

@@ -99,7 +99,9 @@ def test_openwebtext_bytes_pipeline_on_tiny_corpus(tmp_path):
         for a, b in zip(np.r_[-1, ends[:-1]], ends):
             got.append(bytes(arr[a + 1 : b].astype(np.uint8)).decode())
     assert sorted(got) == sorted(docs)
-    assert read_meta(tmp_path / "a")["vocab_size"] == 257
+    meta = read_meta(tmp_path / "a")
+    assert meta["tokenizer_vocab_size"] == 257 and meta["eot_token"] == 256
+    assert "vocab_size" not in meta  # the model keeps nanoGPT's padded vocabulary
     # Seeded: same seed -> identical bins, another seed -> another split.
     openwebtext.build(inputs, tmp_path / "b", encoding="bytes", val_fraction=0.2)
     assert (tmp_path / "b" / "train.bin").read_bytes() == (
