@@ -258,8 +258,9 @@ def setup_script(
         ]
     lines += [
         f"[ -x {REMOTE_VENV}/bin/python ] || uv venv --quiet --python {q(python_version)} {REMOTE_VENV}",
+        # gcsfs: the gs:// backend of etils.epath, which Orbax uses for checkpoint metadata.
         f"uv pip install --quiet --python {REMOTE_VENV}/bin/python "
-        f"{q(f'jax[tpu]=={jax_version}')} -e {REMOTE_DIR}",
+        f"{q(f'jax[tpu]=={jax_version}')} gcsfs -e {REMOTE_DIR}",
         f"{REMOTE_VENV}/bin/python -c "
         + q(
             'import jax, libtpu, socket; print("jax", jax.__version__, "on", socket.gethostname())'

@@ -193,6 +193,10 @@ def test_aot_v4_64_tiny_gpt_reports_and_fails_when_it_does_not_fit(tmp_path):
         "mesh=v4-64",
         "trainer.global_batch_size=32",
         "model.vocab_size=65",
+        "model.n_layer=1",
+        "model.n_embd=32",
+        "model.n_head=2",
+        "model.block_size=16",
         "--hbm-gib=0.0001",
         f"--json={out}",
     )
