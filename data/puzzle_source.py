@@ -50,6 +50,7 @@ import numpy as np
 from data.puzzle_format import IGNORE_LABEL, PuzzleArrays, PuzzleSplit, collate, load_split
 
 _STATE_VERSION = 1
+EVAL_READ_OPTIONS = grain.ReadOptions(num_threads=2, prefetch_buffer_size=4)
 
 
 def _resolve_split(split: PuzzleSplit | str | os.PathLike, split_name: str | None) -> PuzzleSplit:
@@ -291,6 +292,11 @@ class PuzzleTestDataset(grain.MapDataset):
             pids[:n] = self.arrays.puzzle_identifiers[self._example_puzzle[lo:hi]]
             mask[:n] = 1
         return {"inputs": inputs, "labels": labels, "puzzle_identifiers": pids, "mask": mask}
+
+    def __iter__(self):
+        # Grain's default read options prefetch 500 elements on 16 threads; one element here is a
+        # whole batch (ARC: ~5 MB), so keep a few batches ahead instead of gigabytes.
+        return self.to_iter_dataset(EVAL_READ_OPTIONS).__iter__()
 
     def __str__(self) -> str:
         return f"PuzzleTestDataset({self.split.path!r}, global_batch_size={self.global_batch_size})"
