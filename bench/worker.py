@@ -67,7 +67,12 @@ def worker_main(conn, spec: dict) -> None:
         from bench import runners
 
         t0 = time.perf_counter()
-        runner = runners.make_runner(spec)
+        if spec.get("mode") == "ttq":
+            from bench.ttq import make_ttq_runner
+
+            runner = make_ttq_runner(spec)
+        else:
+            runner = runners.make_runner(spec)
         info = runner.setup()
         info["setup_s"] = time.perf_counter() - t0
         info["rss_start_bytes"] = rss_start
