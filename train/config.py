@@ -86,7 +86,7 @@ class CheckpointConfig:
     interval: int = 0  # steps between checkpoints (0 = at every eval and at the end)
     keep_last: int = 2
     keep_best: bool = True  # also keep the best checkpoint by `best_metric`
-    best_metric: str = ""  # e.g. val/loss (GPT) or eval/all/exact_accuracy (TRM)
+    best_metric: str = ""  # e.g. eval/val_loss (GPT) or eval/all/exact_accuracy (TRM)
     best_mode: str = "min"  # min | max
     async_save: bool = True
     enabled: bool = True
@@ -102,24 +102,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     model: dict[str, Any] = field(default_factory=dict)  # kwargs of TRMConfig / GPTConfig
     data: dict[str, Any] = field(default_factory=dict)  # task-specific, see train/tasks
-    optim: dict[str, Any] = field(default_factory=dict)  # TRMOptimConfig / GPTOptimConfig
-
-
-@dataclass
-class TRMOptimConfig:
-    """Upstream pretrain.py's optimiser keys (names and defaults of cfg_pretrain.yaml)."""
-
-    lr: float = 1e-4
-    lr_min_ratio: float = 1.0
-    lr_warmup_steps: int = 2000
-    beta1: float = 0.9
-    beta2: float = 0.95
-    weight_decay: float = 0.1
-    puzzle_emb_lr: float = 1e-2
-    puzzle_emb_weight_decay: float = 0.1
-    ema: bool = False
-    ema_rate: float = 0.999
-    freeze_weights: bool = False
+    optim: dict[str, Any] = field(default_factory=dict)  # TRM: models.trm.train_step.TRMOptimConfig
 
 
 @dataclass
@@ -213,7 +196,12 @@ def validate(cfg: DictConfig) -> None:
     if c.best_mode not in ("min", "max"):
         raise ConfigError(f"checkpoint.best_mode must be min or max, got {c.best_mode!r}")
     if cfg.task == "trm":
-        build_dataclass(TRMOptimConfig, cfg.optim, "optim")
+        from train.trm_task import optim_config  # C's TRMOptimConfig (models/trm/train_step.py)
+
+        try:
+            optim_config(cfg)
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
         if t.total_steps == 0 and t.epochs == 0:
             raise ConfigError("trainer: TRM needs trainer.epochs (or trainer.total_steps) > 0")
     else:

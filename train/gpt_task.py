@@ -3,7 +3,7 @@
 Semantics of nanoGPT's train.py: AdamW with decay on ndim >= 2, warmup + cosine `get_lr` read from
 the optimizer's update count, global-norm clipping with torch's 1e-6, `gradient_accumulation_steps`
 sequential micro-batches (leading axis of the batch), periodic `estimate_loss` on train and val
-with dropout off, best-val checkpoint (checkpoint.best_metric = val/loss), samples at each eval.
+with dropout off, best-val checkpoint (checkpoint.best_metric = eval/val_loss), samples at each eval.
 The loop runs iterations 0..max_iters inclusive (max_iters + 1 updates) as nanoGPT.
 """
 
@@ -175,10 +175,11 @@ class GPTTask(Task):
                     for k, v in b.items()
                 }
                 losses.append(self._eval_fn(state, g["x"], g["y"]))
-            out[f"{split}/loss"] = float(np.mean(jax.device_get(losses)))
+            # nanoGPT logs these as train/loss and val/loss; here train/* is the per-step stream
+            out[f"eval/{split}_loss"] = float(np.mean(jax.device_get(losses)))
         n = int(self.cfg.data.get("sample_tokens", 0) or 0)
         if n > 0 and "itos" in self.meta:
-            out["sample"] = self.sample(state, n)
+            out["eval/sample"] = self.sample(state, n)
         return out
 
     def sample(self, state, max_new_tokens: int, temperature: float = 0.8, top_k: int = 200):

@@ -97,7 +97,7 @@ class MetricLogger:
             for k in (
                 "train/loss",
                 "train/lm_loss",
-                "val/loss",
+                "eval/val_loss",
                 "eval/all/exact_accuracy",
                 "train/exact_accuracy",
                 "step_time_ms",
@@ -115,7 +115,7 @@ class MetricLogger:
         if self.bar is not None:
             self.bar.n = record["step"]
             self.bar.set_postfix_str(", ".join(parts), refresh=True)
-            if any(k.startswith(("val/", "eval/")) for k in record):
+            if any(k.startswith("eval/") for k in record):
                 self.bar.write(text)
         elif keys:
             print(text, flush=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import time
 
 import jax
@@ -33,6 +34,9 @@ def run_dir_of(cfg) -> str:
 def train(cfg, mesh) -> dict:
     """Runs (or resumes) the experiment `cfg` on `mesh`; returns the last logged metrics."""
     run_dir = run_dir_of(cfg)
+    if cfg.task == "trm" and cfg.optim.get("loss_dtype", "float64") == "float64":
+        # upstream's stablemax loss runs in float64; every other TRM dtype is set explicitly
+        jax.config.update("jax_enable_x64", True)
     task = step_lib.make_task(cfg, mesh)
     config_dict = OmegaConf.to_container(cfg, resolve=True)
     if jax.process_index() == 0:  # only process 0 writes files outside Orbax
@@ -99,12 +103,25 @@ def train(cfg, mesh) -> dict:
         do_eval(0)
     # Step time is averaged over each logging window: with async dispatch the host runs ahead of
     # the device, and only the device_get of the previous window's metrics paces it.
-    window = (time.perf_counter(), step)
+    saved_at = step
+    window, compiled, previous = (time.perf_counter(), step), False, None
     with jax.set_mesh(mesh):
         while step < stop:
-            batch = task.to_global(next(data_iter))
+            try:
+                local = next(data_iter)
+            except StopIteration:  # TRM: upstream's epochs / eval_interval iterations are done
+                break
+            batch = task.to_global(local)
             state, metrics = step_fn(state, batch)  # async dispatch: returns before it finishes
             step += 1
+            # One step late: wait for step N-1 while step N is queued, so the device never idles
+            # and the host never runs more than one step ahead (bounded memory, honest timings).
+            if previous is not None:
+                jax.block_until_ready(previous)
+            previous = metrics
+            if window[1] == step - 1 and not compiled:
+                jax.block_until_ready(metrics)  # once: keep compile time out of step time
+                window, compiled = (time.perf_counter(), step), True
             if step % t.log_interval == 0 or step == stop:
                 now = time.perf_counter()
                 dt = (now - window[0]) / max(step - window[1], 1)
@@ -115,12 +132,20 @@ def train(cfg, mesh) -> dict:
                     "mfu": task.flops_per_step / dt / peak,
                 }
                 logger.push(step, {f"train/{k}": v for k, v in metrics.items()}, host)
-            eval_due = eval_every and step % eval_every == 0
+            if hasattr(task, "eval_due"):  # TRM: at the end of each upstream iteration
+                eval_due = task.eval_due(data_iter)
+            else:
+                eval_due = bool(eval_every) and step % eval_every == 0
             evaled = do_eval(step) if eval_due or step == stop else None
             if (ckpt_every and step % ckpt_every == 0) or eval_due or step == stop:
                 do_save(step, evaled)
+                saved_at = step
+            if step == _SIGKILL_AT:
+                _sigkill_self(ckpt, logger)
             if evaled is not None or (ckpt_every and step % ckpt_every == 0):
                 window = (time.perf_counter(), step)  # eval/checkpoint time is not step time
+        if saved_at != step:  # the data ran out before `stop` (TRM drops partial batches)
+            do_save(step, do_eval(step))
         logger.flush()
     ckpt.close()
     logger.close()
@@ -128,6 +153,17 @@ def train(cfg, mesh) -> dict:
         with open(os.path.join(run_dir, "final.json"), "w") as f:
             json.dump({"step": step, **_jsonable(last)}, f)
     return {"step": step, **last}
+
+
+# Test hook (tests/test_train_resume.py): the process kills ITSELF with SIGKILL at this step, i.e.
+# no clean exit, no atexit handlers, no final checkpoint; only already-committed checkpoints survive.
+_SIGKILL_AT = int(os.environ.get("TRAIN_TEST_SIGKILL_AT_STEP", "-1"))
+
+
+def _sigkill_self(ckpt, logger):
+    ckpt.wait()  # let the in-flight async save commit, so the test knows which step resumes
+    logger.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _jsonable(d):
