@@ -330,7 +330,9 @@ def write_dataset(
             for set_name, a in sets.items():
                 for field in FIELDS:
                     arr = getattr(a, field)
-                    arr = arr.astype(tok_dtype if field in ("inputs", "labels") else np.int32)
+                    arr = arr.astype(
+                        tok_dtype if field in ("inputs", "labels") else np.int32, copy=False
+                    )
                     np.save(os.path.join(tmp, split, f"{set_name}__{field}.npy"), arr)
             with open(os.path.join(tmp, split, "dataset.json"), "w") as f:
                 json.dump(meta.to_json(), f)
