@@ -81,6 +81,28 @@ def make_pair(config, seed: int = 0, *, q_bias: float | None = None):
     return head, model
 
 
+def to_float64(head, model):
+    """Store every weight in float64 on both sides (values unchanged: they are float32-exact), so a
+    float64 run has no float32 rounding left anywhere, gradients included."""
+    import jax.numpy as jnp
+    import torch
+    from flax import nnx
+
+    head.double()
+    inner = head.model.inner
+    if hasattr(inner, "puzzle_emb"):  # .double() made the grad leaf a non-leaf copy: re-leaf it
+        pe = inner.puzzle_emb
+        pe.local_weights = torch.zeros(
+            pe.local_weights.shape, dtype=torch.float64, requires_grad=True
+        )
+    for _, var in nnx.iter_graph(model):
+        if isinstance(var, nnx.Variable) and not isinstance(var, nnx.RngState):
+            value = var.get_value()
+            if jnp.issubdtype(value.dtype, jnp.floating):
+                var.set_value(jnp.asarray(value, jnp.float64))
+    return head, model
+
+
 def make_batch(config, seed: int = 0):
     """numpy batch: inputs, labels (with some -100), puzzle_identifiers."""
     rng = np.random.default_rng(seed)
@@ -154,12 +176,21 @@ def torch_one_step(head, batch_np):
 
 
 def jax_one_step(model, batch_np):
+    from flax import nnx
+
     from models.trm import capture_intermediates
 
     batch = to_jax(batch_np)
-    with capture_intermediates() as trace:
-        carry = model.initial_carry(batch)
-        model(carry, batch)
+    names: list = []
+
+    @nnx.jit  # one compiled program (eager op-by-op dispatch is ~10x slower to first result)
+    def step(model, batch):
+        with capture_intermediates() as trace:
+            model(model.initial_carry(batch), batch)
+        names.extend(n for n, _ in trace)
+        return [v for _, v in trace]
+
+    trace = list(zip(names, step(model, batch), strict=True))
     # order the tail like the torch side: latents, logits, q
     head = [t for t in trace if t[0] not in ("logits", "q_logits")]
     tail = [t for t in trace if t[0] in ("logits", "q_logits")]
@@ -219,3 +250,124 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def fixed_exploration(config, seed: int = 0):
+    """Per-row exploration draws (uniform [B], min_halt_draw [B]) fed to both sides."""
+    rng = np.random.default_rng(10_000 + seed)
+    b = config.batch_size
+    return (
+        rng.random(b).astype(np.float32),
+        rng.integers(2, config.halt_max_steps + 1, b).astype(np.int32),
+    )
+
+
+def torch_grads(head, batch_np, exploration, loss_type="stablemax_cross_entropy"):
+    """Gradients of upstream's loss for one train-mode ACT step from a fresh carry: every
+    parameter (by state_dict key) and the gathered puzzle rows (`puzzle_emb.local_weights.grad`)."""
+    import torch
+
+    head.train()
+    head.loss_fn = {
+        "stablemax_cross_entropy": __import__(
+            "parity.trm_torch", fromlist=["x"]
+        ).stablemax_cross_entropy,
+        "softmax_cross_entropy": __import__(
+            "parity.trm_torch", fromlist=["x"]
+        ).softmax_cross_entropy,
+    }[loss_type]
+    head.zero_grad(set_to_none=True)
+    inner = head.model.inner
+    if hasattr(inner, "puzzle_emb"):
+        inner.puzzle_emb.local_weights.grad = None
+    batch = to_torch_batch(batch_np)
+    carry = head.initial_carry(batch)
+    expl = tuple(torch.from_numpy(np.asarray(e)) for e in exploration)
+    _, loss, _, _, _ = head(carry=carry, batch=batch, exploration=expl)
+    loss.backward()
+    grads = {k: p.grad for k, p in head.named_parameters() if p.grad is not None}
+    if hasattr(inner, "puzzle_emb"):
+        grads["puzzle_rows"] = inner.puzzle_emb.local_weights.grad
+    return float(loss.detach()), grads
+
+
+def jax_grads(model, batch_np, exploration, loss_type="stablemax_cross_entropy"):
+    """The same from the port: nnx.Param gradients keyed like torch, and d loss / d puzzle_emb_delta."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from models.trm import act_loss
+
+    model.train()
+    batch = to_jax(batch_np)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    cfg = model.config
+    table_dtype = (
+        model.inner.puzzle_emb.weights[...].dtype if cfg.puzzle_emb_ndim > 0 else jnp.float32
+    )
+    delta = jnp.zeros((cfg.batch_size, max(cfg.puzzle_emb_ndim, 1)), table_dtype)
+    expl = tuple(jnp.asarray(e) for e in exploration)
+
+    @jax.jit
+    def loss_fn(params, delta):
+        m = nnx.merge(graphdef, params, rest)
+        d = delta if cfg.puzzle_emb_ndim > 0 else None
+        carry, out = m(m.initial_carry(batch), batch, puzzle_emb_delta=d, exploration=expl)
+        loss, _ = act_loss(carry, out, loss_type=loss_type)
+        return loss
+
+    loss, (g_params, g_delta) = jax.value_and_grad(loss_fn, argnums=(0, 1))(params, delta)
+    grads = {
+        "model." + ".".join(str(p) for p in path): v.get_value() if hasattr(v, "get_value") else v
+        for path, v in nnx.to_flat_state(g_params)
+    }
+    if cfg.puzzle_emb_ndim > 0:
+        grads["puzzle_rows"] = g_delta
+    return float(loss), grads
+
+
+def rollout(head, model, config, *, steps: int = 16, train: bool = True, seed: int = 0):
+    """Run both sides `steps` ACT steps, a NEW batch every step (so halted slots are refilled),
+    the same exploration draws; yields per-step (name, jax value, torch value) triples."""
+    import torch
+    from flax import nnx
+
+    from models.trm import act_loss
+
+    head.train(train)
+    model.train() if train else model.eval()
+
+    @nnx.jit
+    def jstep(model, carry, batch, expl):
+        carry, out = model(carry, batch, exploration=expl)
+        loss, metrics = act_loss(carry, out)
+        return carry, out, loss, metrics
+
+    batch0 = make_batch(config, seed)
+    jcarry = model.initial_carry(to_jax(batch0))
+    tcarry = head.initial_carry(to_torch_batch(batch0))
+    for step in range(steps):
+        batch = make_batch(config, seed + 100 + step)
+        expl = fixed_exploration(config, seed + 100 + step)
+        jcarry, jout, jloss, jmetrics = jstep(
+            model, jcarry, to_jax(batch), tuple(np.asarray(e) for e in expl)
+        )
+        with torch.no_grad():
+            tcarry, tloss, tmetrics, tout, _ = head(
+                carry=tcarry,
+                batch=to_torch_batch(batch),
+                exploration=tuple(torch.from_numpy(e) for e in expl),
+                return_keys=("logits", "q_halt_logits", "q_continue_logits", "target_q_continue"),
+            )
+        rows = [("steps", jcarry.steps, tcarry.steps), ("halted", jcarry.halted, tcarry.halted)]
+        rows += [
+            (f"current_data.{k}", jcarry.current_data[k], tcarry.current_data[k])
+            for k in tcarry.current_data
+        ]
+        floats = [(n, jcarry.inner_carry[n], tcarry.inner_carry[n]) for n in tcarry.inner_carry]
+        floats += [(k, jout[k], tout[k]) for k in tout]
+        floats += [("loss", jloss, tloss)] + [
+            (f"metrics.{k}", jmetrics[k], tmetrics[k]) for k in tmetrics
+        ]
+        yield step, rows, floats

@@ -90,10 +90,15 @@ class CastedLinear(nnx.Module):
 
     def __call__(self, x):
         # F.linear with the fp32 weight cast to the input dtype first
-        y = jnp.matmul(x, self.weight[...].astype(x.dtype).T)
-        if self.bias is not None:
-            y = y + self.bias[...].astype(x.dtype)
-        return y
+        w = self.weight[...].astype(x.dtype)
+        if self.bias is None:
+            return jnp.matmul(x, w.T)
+        # torch's addmm adds the bias before the single rounding to a low-precision dtype
+        ct = jnp.promote_types(jnp.float32, x.dtype)
+        y = jnp.matmul(x, w.T, preferred_element_type=ct) + self.bias[...].astype(x.dtype).astype(
+            ct
+        )
+        return y.astype(x.dtype)
 
 
 class CastedEmbedding(nnx.Module):
@@ -134,7 +139,9 @@ class SwiGLU(nnx.Module):
 
     def __call__(self, x):
         gate, up = jnp.split(self.gate_up_proj(x), 2, axis=-1)  # first half is the gate
-        return self.down_proj(jax.nn.silu(gate) * up)
+        # silu rounded once to the input dtype, as torch's fused F.silu (not x*sigmoid(x) in bf16)
+        act = jax.nn.silu(gate.astype(compute_dtype(gate.dtype))).astype(gate.dtype)
+        return self.down_proj(act * up)
 
 
 def rope_tables(dim: int, max_pos: int, base: float, dtype) -> tuple[jax.Array, jax.Array]:
@@ -176,12 +183,14 @@ class Attention(nnx.Module):
         q, k, v = qkv[:, :, :nh], qkv[:, :, nh : 2 * nh], qkv[:, :, 2 * nh :]
         if cos_sin is not None:
             q, k = apply_rotary(q, k, *cos_sin)
-        # SDPA (no mask, non-causal, scale 1/sqrt(hd)); scores and softmax in at least float32 like
-        # torch's CPU/GPU SDPA kernels, output back in the forward dtype.
+        # SDPA (no mask, non-causal, scale 1/sqrt(hd)). Like torch's flash kernels: scores and
+        # softmax in at least float32, probabilities rounded to the forward dtype before the
+        # product with v (accumulated in float32), output in the forward dtype.
         ct = compute_dtype(q.dtype)
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q.astype(ct), k.astype(ct)) / math.sqrt(hd)
-        probs = jax.nn.softmax(scores, axis=-1)
-        out = jnp.einsum("bhqk,bkhd->bqhd", probs, v.astype(ct)).astype(h_bsd.dtype)
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=ct) / math.sqrt(hd)
+        e = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+        out = jnp.einsum("bhqk,bkhd->bqhd", e.astype(v.dtype), v, preferred_element_type=ct)
+        out = (out / jnp.swapaxes(jnp.sum(e, axis=-1), 1, 2)[..., None]).astype(h_bsd.dtype)
         return self.o_proj(out.reshape(b, s, nh * hd))
 
 

@@ -119,7 +119,8 @@ class InnerBase(nnx.Module):
 
     def heads(self, z_out):
         logits = self.lm_head(z_out)[:, self.puzzle_emb_len :]
-        q_logits = self.q_head(z_out[:, 0]).astype(jnp.float32)  # first puzzle-prefix position
+        # first puzzle-prefix position; upstream casts to float32 ("at least": float64 stays)
+        q_logits = self.q_head(z_out[:, 0]).astype(jnp.promote_types(jnp.float32, z_out.dtype))
         record("logits", logits)
         record("q_logits", q_logits)
         return logits, (q_logits[..., 0], q_logits[..., 1])

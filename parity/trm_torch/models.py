@@ -137,7 +137,8 @@ class InnerBase(nn.Module):
         new_carry, z_out = self.recursion(carry, x, cos_sin)
         new_carry = {k: v.detach() for k, v in new_carry.items()}
         logits = self.lm_head(z_out)[:, self.puzzle_emb_len :]
-        q = self.q_head(z_out[:, 0]).to(torch.float32)
+        # upstream casts to float32; "at least float32" keeps a float64 run in float64
+        q = self.q_head(z_out[:, 0]).to(torch.promote_types(torch.float32, z_out.dtype))
         return new_carry, logits, (q[..., 0], q[..., 1])
 
 
