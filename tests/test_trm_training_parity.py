@@ -281,3 +281,56 @@ def test_training_trajectory_matches_torch_float64(x64, monkeypatch):
     assert norm["lm_loss"] == pytest.approx(float(last_out["lm_loss"]) / BATCH)
     count = max(float(last_out["count"]), 1)
     assert norm["steps"] == pytest.approx(float(last_out["steps"]) / count)
+
+
+def test_train_step_rejects_wrong_batch_size():
+    """The loss is scaled by 1/global_batch_size: a batch of another size is refused by name."""
+    config = tiny_config("att", "float32", batch_size=4)
+    opt = TRMOptimConfig(global_batch_size=8, total_steps=5)
+    from models.trm import TRM
+
+    def run():  # abstract (eval_shape): the check fires while tracing, no weights needed
+        model = TRM(config, rngs=nnx.Rngs(0))
+        graphdef, state = init_train_state(model, opt)
+        batch = {k: jnp.asarray(v) for k, v in make_batch(config).items()}
+        return train_step(graphdef, state, model.initial_carry(batch), batch, config=opt)
+
+    with pytest.raises(ValueError, match="has 4 rows but global_batch_size is 8"):
+        jax.eval_shape(run)
+    with pytest.raises(ValueError, match="total_steps must be > 0"):
+        TRMOptimConfig(total_steps=0)
+
+
+@pytest.mark.slow
+def test_train_step_float32_without_x64_jit_donated():
+    """The production shape: float32 forward, x64 off (loss_dtype float32), jitted with the
+    state and carry donated; 3 steps change the params and the table and stay finite."""
+    config = tiny_config("att", "float32", batch_size=4, num_puzzle_identifiers=3)
+    from models.trm import TRM
+
+    model = TRM(config, rngs=nnx.Rngs(0))
+    model.train()
+    opt = TRMOptimConfig(
+        global_batch_size=4,
+        total_steps=10,
+        lr_warmup_steps=2,
+        loss_dtype="float32",
+        puzzle_emb_lr=1e-2,
+    )
+    graphdef, state = init_train_state(model, opt)
+    before = jax.tree.map(np.asarray, (state.params, state.table))
+    step_fn = jax.jit(functools.partial(train_step, graphdef, config=opt), donate_argnums=(0, 1))
+    batch = {k: jnp.asarray(v) for k, v in make_batch(config).items()}
+    carry = model.initial_carry(batch)
+    for _ in range(3):
+        state, carry, metrics = step_fn(state, carry, batch)
+    assert int(state.step) == 3
+    assert float(metrics["lr"]) == pytest.approx(1e-4)  # step 3 >= warm-up 2: full base lr
+    after = jax.tree.map(np.asarray, (state.params, state.table))
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(after))
+    changed = [
+        not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after))
+    ]
+    assert all(changed), "every Param and the puzzle table must move"
+    norm = normalize_train_metrics(metrics, 4)
+    assert np.isfinite(float(norm["lm_loss"]))

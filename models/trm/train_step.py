@@ -165,7 +165,9 @@ def train_step(
     table = _table_leaf(state.table)
 
     def loss_fn(params, delta):
-        model = nnx.merge(graphdef, params, state.table, state.rest)
+        # copy=True: fresh Variables at this (grad) trace level, so the model may advance its
+        # exploration RNG here; reusing the outer-level ones raises TraceContextError
+        model = nnx.merge(graphdef, params, state.table, state.rest, copy=True)
         new_carry, outputs = model(carry, batch, puzzle_emb_delta=delta, exploration=exploration)
         loss, metrics = act_loss(
             new_carry, outputs, loss_type=config.loss_type, loss_dtype=config.loss_dtype
