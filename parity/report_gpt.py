@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from flax import nnx
 
 from models.gpt import GPTConfig, from_torch
 from parity import gpt_torch
@@ -99,7 +100,8 @@ def run(dtype: str, cfg_kwargs: dict | None = None, seed: int = 0, flash: bool =
     tmodel, jmodel = build_pair(cfg_kwargs, dtype, seed=seed, flash=flash)
     idx, targets = batch(cfg_kwargs, seed=seed)
     t_acts = torch_activations(tmodel, idx, targets, autocast_bf16=dtype == "bfloat16")
-    j_acts = jax_activations(jmodel, jnp.asarray(idx.numpy()), jnp.asarray(targets.numpy()))
+    # one compiled program rather than op-by-op dispatch (each eager op compiles on first use)
+    j_acts = nnx.jit(jax_activations)(jmodel, jnp.asarray(idx.numpy()), jnp.asarray(targets.numpy()))
     return [
         compare(name, np.asarray(j_acts[name], np.float64), t_acts[name], tol) for name in t_acts
     ]

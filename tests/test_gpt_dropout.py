@@ -9,7 +9,6 @@ import torch
 from flax import nnx
 
 from parity import report_gpt
-from parity.compare import FLOAT64, assert_close
 
 P = 0.2  # shakespeare_char's dropout
 TINY = dict(block_size=16, vocab_size=65, n_layer=2, n_head=2, n_embd=32, dropout=P, bias=True)
@@ -39,20 +38,18 @@ def _sites(model):
         yield f"h.{i}.mlp.dropout", block.mlp.dropout
 
 
-def test_each_of_the_four_sites_is_live_in_train_mode(x64):
-    tmodel, jmodel = report_gpt.build_pair(TINY, "float64")  # both in eval()
-    idx, targets = (jnp.asarray(t.numpy()) for t in report_gpt.batch(TINY))
-    with torch.no_grad():
-        t_eval = tmodel(*report_gpt.batch(TINY))[0]
+def test_each_of_the_four_sites_is_live_in_train_mode():
+    _, jmodel = report_gpt.build_pair(TINY, "float32")  # eval(): every site off
+    idx, targets = (jnp.asarray(t.numpy()[:1]) for t in report_gpt.batch(TINY))
     eval_logits = jmodel(idx, targets)[0]
-    assert_close("eval mode: dropout off, same logits as torch", eval_logits, t_eval, FLOAT64)
     sites = list(_sites(jmodel))
     assert len(sites) == 1 + 3 * TINY["n_layer"]
     for name, site in sites:
         site.deterministic = False  # only this site in train mode
         changed = np.abs(np.asarray(jmodel(idx, targets)[0] - eval_logits)).max()
         site.deterministic = True
-        assert changed > 1e-6, f"{name} did not change the output in train mode"
+        assert changed > 1e-4, f"{name} did not change the output in train mode"
+    assert np.array_equal(jmodel(idx, targets)[0], eval_logits)  # all off again: deterministic
 
 
 @pytest.mark.parametrize("flash", [True, False], ids=["torch-flash", "torch-manual"])
