@@ -101,7 +101,9 @@ def run(dtype: str, cfg_kwargs: dict | None = None, seed: int = 0, flash: bool =
     idx, targets = batch(cfg_kwargs, seed=seed)
     t_acts = torch_activations(tmodel, idx, targets, autocast_bf16=dtype == "bfloat16")
     # one compiled program rather than op-by-op dispatch (each eager op compiles on first use)
-    j_acts = nnx.jit(jax_activations)(jmodel, jnp.asarray(idx.numpy()), jnp.asarray(targets.numpy()))
+    j_acts = nnx.jit(jax_activations)(
+        jmodel, jnp.asarray(idx.numpy()), jnp.asarray(targets.numpy())
+    )
     return [
         compare(name, np.asarray(j_acts[name], np.float64), t_acts[name], tol) for name in t_acts
     ]
