@@ -26,6 +26,7 @@ from models.trm.train_step import (  # noqa: E402
     TRMOptimConfig,
     ema_model,
     init_train_state,
+    merge_model,
     normalize_train_metrics,
     train_step,
 )
@@ -240,6 +241,11 @@ def test_training_trajectory_matches_torch_float64(x64):
         teval.model.inner.puzzle_emb.weights,
         TRAJECTORY_F64,
     )
+    live = merge_model(graphdef, state)
+    for name in ("H_init", "L_init"):  # buffers: live values, not averaged, never trained
+        value = getattr(eval_model.inner, name)[...]
+        assert_close(f"eval {name} is live", value, getattr(live.inner, name)[...], EXACT)
+        assert_close(f"torch eval {name}", value, getattr(teval.model.inner, name), EXACT)
     assert not np.allclose(
         np.asarray(e["model.inner.lm_head.weight"]),
         np.asarray(jparams["model.inner.lm_head.weight"]),
