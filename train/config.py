@@ -160,6 +160,24 @@ def validate(cfg: DictConfig) -> None:
     The model/optim sections are validated by building their dataclasses (unknown keys and
     wrong types fail here), so a typo never reaches jit.
     """
+    # `+key=value` on the command line force-adds keys even to structured nodes: check them here.
+    sections = {f.name: f.type for f in dataclasses.fields(Config)}
+    unknown = sorted(set(cfg.keys()) - set(sections))
+    if unknown:
+        raise ConfigError(f"unknown top-level key(s) {unknown}; known: {sorted(sections)}")
+    for name, cls in (
+        ("run", RunConfig),
+        ("trainer", TrainerConfig),
+        ("mesh", MeshConfig),
+        ("logging", LoggingConfig),
+        ("checkpoint", CheckpointConfig),
+    ):
+        names = {f.name for f in dataclasses.fields(cls)}
+        extra = sorted(set(cfg[name].keys()) - names)
+        if extra:
+            raise ConfigError(
+                f"{name}: unknown key(s) {extra}; {cls.__name__} accepts {sorted(names)}"
+            )
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(

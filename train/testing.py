@@ -49,3 +49,31 @@ def build_tiny_text(dest: str, input_path: str) -> str:
 
         build(dest, input_path=input_path)
     return dest
+
+
+def tiny_trm_overrides(data_dir: str, out_dir: str, name: str, epochs: int = 2) -> list[str]:
+    """trm_sudoku_tiny shrunk to seconds: batch 16, 2 upstream iterations of 1 epoch each."""
+    return [
+        "+experiment=trm_sudoku_tiny",
+        f"run.name={name}",
+        f"run.out_dir={out_dir}",
+        f"data.path={data_dir}",
+        "model.hidden_size=16",
+        "model.puzzle_emb_ndim=16",
+        "trainer.global_batch_size=16",
+        f"trainer.epochs={epochs}",
+        "data.eval_interval_epochs=1",
+        "trainer.log_interval=1",
+        "trainer.progress_bar=false",
+        "optim.lr_warmup_steps=2",
+        "logging.wandb=disabled",
+    ]
+
+
+def build_tiny_sudoku(dest: str) -> str:
+    """40 easy train grids (x2 augmentations) + 16 test grids, offline, in a few seconds."""
+    if not os.path.exists(os.path.join(dest, "train", "dataset.json")):
+        from train.tiny_data import build_easy_sudoku
+
+        build_easy_sudoku(dest, train=40, test=16, blanks=8, num_aug=1, seed=0)
+    return dest

@@ -117,7 +117,8 @@ class TRMTask(Task):
                 )
             if jax.process_index() == 0:
                 log.info("building %s into %s: %s", builder, path, args)
-                importlib.import_module(f"data.{builder}").main(args + ["--output-dir", path])
+                module = builder if "." in builder else f"data.{builder}"
+                importlib.import_module(module).main(args + ["--output-dir", path])
             _barrier("trm_data_built")
         return load_metadata(path, "train")
 
@@ -260,25 +261,32 @@ class TRMTask(Task):
             sums, preds, q_halt = self._eval_fn(state["train"], batch)
             total = sums if total is None else jax.tree.map(jnp.add, total, sums)
             if evaluator is not None:
-                evaluator.update(local, _local_rows(preds), _local_rows(q_halt))
+                rows = {"preds": _local_rows(preds), "q_halt_logits": _local_rows(q_halt)}
+                evaluator.update_batch(local, rows)
         total = jax.device_get(total)
         count = max(float(total["count"]), 1.0)
         out = {f"eval/all/{k}": float(v) / count for k, v in total.items() if k != "count"}
         out["eval/all/count"] = float(total["count"])
         if evaluator is not None:
-            out.update({f"eval/{k}": v for k, v in evaluator.result().items()})
+            save = os.path.join(self.cfg.run.out_dir, self.cfg.run.name, f"arc_step_{step}")
+            arc = evaluator.result(save)  # collective: every process calls it; None off process 0
+            out.update({f"eval/{k}": float(v) for k, v in (arc or {}).items()})
         return out
 
     def _evaluator(self):
-        """The ARC evaluator hook (data.arc_eval), when configured (data.evaluator: arc)."""
+        """data.arc_eval.ARCEvaluator when configured (data.evaluator: arc). One instance per
+        run: with upstream's aggregated voting its votes accumulate over every evaluation."""
         name = self.cfg.data.get("evaluator", "")
         if not name:
             return None
         if name != "arc":
             raise ValueError(f"data.evaluator={name!r}: only 'arc' is known")
-        from train.arc_hook import ArcEvaluatorHook
+        if getattr(self, "_arc", None) is None:
+            from data.arc_eval import ARCEvaluator
 
-        return ArcEvaluatorHook(self.data_dir)
+            self._arc = ARCEvaluator(self.data_dir)
+        self._arc.begin_eval()
+        return self._arc
 
     # --- import / export --------------------------------------------------------------------
     def import_weights(self, state, init_from: str):

@@ -1,0 +1,109 @@
+"""Config errors are caught before any compute, with messages that name the key; every shipped
+experiment composes, validates and builds its abstract train state."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import jax
+import pytest
+
+from train.compose import CONFIG_DIR, load_config
+from train.config import ConfigError
+from train.mesh import make_mesh, mesh_shape
+
+EXPERIMENTS = sorted(
+    os.path.splitext(os.path.basename(p))[0]
+    for p in glob.glob(os.path.join(CONFIG_DIR, "experiment", "*.yaml"))
+)
+
+
+def test_required_experiments_exist():
+    for name in (
+        "trm_sudoku",
+        "trm_sudoku_att",
+        "trm_maze",
+        "trm_arc1",
+        "trm_arc2",
+        "hrm_sudoku",
+        "gpt_shakespeare_char",
+        "gpt2_124m",
+        "trm_sudoku_tiny",
+        "gpt_shakespeare_char_tiny",
+    ):
+        assert name in EXPERIMENTS
+        with open(os.path.join(CONFIG_DIR, "experiment", f"{name}.yaml")) as f:
+            head = f.read().splitlines()[:4]
+        assert head[0] == "# @package _global_"
+        assert head[1].startswith("# Command:") and f"+experiment={name}" in head[1], head
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_validates(name):
+    cfg = load_config([f"+experiment={name}"])
+    assert cfg.run.name
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        (["trainer.global_batch_sise=3"], "global_batch_sise"),  # unknown trainer key
+        (["+trainer.nope=1"], "nope"),
+        (["trainer.global_batch_size=-4"], "trainer.global_batch_size"),
+        (["trainer.log_interval=abc"], "log_interval"),  # wrong type
+        (["mesh.axis_types=manual"], "mesh.axis_types"),
+        (["mesh.fsdp=-1", "mesh.data=-1"], "mesh"),
+        (["logging.wandb=sometimes"], "logging.wandb"),
+        (["+optim.learning_rat=1"], "learning_rat"),  # unknown optimiser key (GPT)
+        (["+model.n_layers=3"], "n_layers"),  # unknown model field
+        (["optim.lr_decay_iters=1"], "lr_decay_iters"),
+    ],
+)
+def test_bad_gpt_config_is_rejected_with_the_key(override, needle):
+    with pytest.raises(ConfigError, match=needle):
+        cfg = load_config(["+experiment=gpt_shakespeare_char_tiny", *override])
+        # model fields are checked when the task builds GPTConfig (still before any compute)
+        from train.step import make_task
+
+        try:
+            make_task(cfg, make_mesh(cfg.mesh, devices=jax.devices()[:1]), need_data=False)
+        except Exception as e:  # noqa: BLE001
+            raise ConfigError(str(e)) from e
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        (["+optim.learning_rate=1"], "learning_rate"),  # a nanoGPT key in a TRM run
+        (["+optim.global_batch_size=3"], "global_batch_size"),  # trainer-owned
+        (["trainer.epochs=0"], "epochs"),
+    ],
+)
+def test_bad_trm_config_is_rejected_with_the_key(override, needle):
+    with pytest.raises(ConfigError, match=needle):
+        load_config(["+experiment=trm_sudoku_tiny", *override])
+
+
+def test_missing_experiment_says_what_to_do():
+    with pytest.raises(ConfigError, match=r"\+experiment"):
+        load_config([])
+
+
+def test_unknown_model_field_names_the_field():
+    cfg = load_config(["+experiment=trm_sudoku_tiny", "+model.hidden_sise=3"])
+    from train.step import make_task
+
+    with pytest.raises(ConfigError, match="hidden_sise"):
+        make_task(cfg, make_mesh(cfg.mesh, devices=jax.devices()[:1]), need_data=False)
+
+
+def test_mesh_presets():
+    cfg = load_config(["+experiment=trm_sudoku_tiny", "mesh=v4-64"])
+    assert mesh_shape(cfg.mesh, 32) == (1, 32, 1)
+    with pytest.raises(ValueError, match="needs 32 devices"):
+        mesh_shape(cfg.mesh, 8)
+    cfg = load_config(["+experiment=trm_sudoku_tiny"])
+    mesh = make_mesh(cfg.mesh)  # cpu preset: all 8 test devices on fsdp, Auto axis types
+    assert dict(mesh.shape) == {"data": 1, "fsdp": 8, "tensor": 1}
+    assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)

@@ -1,0 +1,80 @@
+"""End-to-end TRM runs through the trainer: sharding invariance of the persistent carry, kill -9 +
+resume (carry, EMA, both optimizers, exploration key, data position), and upstream's schedule."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from parity.compare import EXACT, FLOAT32, assert_close
+from train.compose import load_config
+from train.mesh import make_mesh
+from train.metrics import read_jsonl
+from train.testing import build_tiny_sudoku, losses, tiny_trm_overrides
+from train.trainer import train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def sudoku_dir(tmp_path_factory):
+    return build_tiny_sudoku(str(tmp_path_factory.mktemp("sudoku_tiny")))
+
+
+def _curve(run_dir, key="train/lm_loss"):
+    c = losses(run_dir, key)
+    return [c[s] for s in sorted(c)]
+
+
+def test_trm_same_losses_on_1_and_8_devices(sudoku_dir, tmp_path):
+    """The batch AND the ACT carry shard over 8 devices; every step's loss equals the 1-device
+    run's to FLOAT32 (fp32 reduction order across shards; loss in float32 here so the test process
+    does not switch jax to x64 for every other test)."""
+    out = str(tmp_path)
+    for name, n in (("one", 1), ("eight", 8)):
+        cfg = load_config(tiny_trm_overrides(sudoku_dir, out, name) + ["optim.loss_dtype=float32"])
+        train(cfg, make_mesh(cfg.mesh, devices=jax.devices()[:n]))
+    one, eight = _curve(os.path.join(out, "one")), _curve(os.path.join(out, "eight"))
+    # 40 groups x 2 epochs / 16 = 5 scheduled steps; each 1-epoch iteration drops its partial batch
+    assert len(one) == 4
+    assert_close("train/lm_loss 8 devices vs 1", eight, one, FLOAT32)
+    q1 = _curve(os.path.join(out, "one"), "train/q_halt_loss")
+    q8 = _curve(os.path.join(out, "eight"), "train/q_halt_loss")
+    assert_close("train/q_halt_loss 8 devices vs 1", q8, q1, FLOAT32)
+    records = read_jsonl(os.path.join(out, "one", "metrics.jsonl"))
+    evals = [r["step"] for r in records if "eval/all/exact_accuracy" in r]
+    assert evals == [2, 4], evals  # after each upstream iteration (2 batches of 16 of 40 groups)
+
+
+@pytest.mark.slow
+def test_trm_kill_and_resume_is_bit_identical(sudoku_dir, tmp_path):
+    """SIGKILL mid-run, relaunch: the resumed curve is bit-identical (float64 loss as upstream)."""
+    out = str(tmp_path)
+    cmd = [sys.executable, "-m", "train.main"]
+
+    def args(name):
+        return tiny_trm_overrides(sudoku_dir, out, name, epochs=4) + ["checkpoint.interval=3"]
+
+    env = dict(os.environ)
+    subprocess.run(cmd + args("straight"), cwd=REPO, env=env, check=True, capture_output=True)
+    killed = subprocess.run(
+        cmd + args("killed"),
+        cwd=REPO,
+        env=dict(env, TRAIN_TEST_SIGKILL_AT_STEP="5"),
+        capture_output=True,
+        text=True,
+    )
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    second = subprocess.run(cmd + args("killed"), cwd=REPO, env=env, capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr[-3000:]
+    for key in ("train/lm_loss", "train/q_halt_loss", "train/steps"):
+        straight, resumed = (
+            _curve(os.path.join(out, "straight"), key),
+            _curve(os.path.join(out, "killed"), key),
+        )
+        assert len(resumed) == 8
+        assert_close(f"{key} after kill -9 + resume", resumed, straight, EXACT)
