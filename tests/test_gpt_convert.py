@@ -142,3 +142,15 @@ def test_plain_state_dict_file_needs_a_config(tmp_path):
         from_torch_file(path)
     jmodel = from_torch_file(path, GPTConfig(**TINY))
     assert jmodel.get_num_params() == _torch_model().get_num_params()
+
+
+def test_importing_models_gpt_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, models.gpt; assert 'torch' not in sys.modules, 'models.gpt imported torch'"
+    subprocess.run(
+        [sys.executable, "-c", code],
+        check=True,
+        cwd=str(__import__("pathlib").Path(__file__).parents[1]),
+    )

@@ -44,6 +44,7 @@ def test_parameter_counts_match_spec_table(name):
     abstract = nnx.eval_shape(lambda: GPT(cfg, rngs=nnx.Rngs(0)))  # shapes only, no memory
     assert (abstract.get_num_params(), abstract.get_num_params(non_embedding=False)) == COUNTS[name]
     assert (get_num_params(cfg), get_num_params(cfg, non_embedding=False)) == COUNTS[name]
+    assert get_num_params(abstract) == COUNTS[name][0]  # a model works as well as its config
 
 
 @pytest.mark.parametrize("name", sorted(FLOPS_PER_TOKEN))

@@ -153,8 +153,15 @@ def train_step(model: GPT, optimizer: nnx.Optimizer, x_abt, y_abt, *, grad_clip:
     return {"loss": loss, "grad_norm": grad_norm}
 
 
-def get_num_params(config: GPTConfig, non_embedding: bool = True) -> int:
-    """GPT.get_num_params from the config alone (no arrays): tied wte once, minus wpe if asked."""
+def _config(config_or_model) -> GPTConfig:
+    return config_or_model.config if isinstance(config_or_model, GPT) else config_or_model
+
+
+def get_num_params(config: GPTConfig | GPT, non_embedding: bool = True) -> int:
+    """GPT.get_num_params from the config alone (no arrays): tied wte once, minus wpe if asked.
+
+    Accepts a GPTConfig or a GPT (whose config is used)."""
+    config = _config(config)
     C, L, b = config.n_embd, config.n_layer, int(config.bias)
     ln = C * (1 + b)
     per_layer = 2 * ln + (3 * C * C + b * 3 * C) + (C * C + b * C)
@@ -163,19 +170,25 @@ def get_num_params(config: GPTConfig, non_embedding: bool = True) -> int:
     return n - config.block_size * C if non_embedding else n
 
 
-def flops_per_token(config: GPTConfig) -> int:
+def flops_per_token(config: GPTConfig | GPT) -> int:
     """nanoGPT's (PaLM appendix B) cost: 6N + 12 L H Q T with T = config.block_size."""
+    config = _config(config)
     N = get_num_params(config)
     L, H, Q, T = config.n_layer, config.n_head, config.n_embd // config.n_head, config.block_size
     return 6 * N + 12 * L * H * Q * T
 
 
-def estimate_mfu(config: GPTConfig, fwdbwd_per_iter: int, dt: float, peak_flops=312e12) -> float:
+def estimate_mfu(
+    config: GPTConfig | GPT, fwdbwd_per_iter: int, dt: float, peak_flops=312e12
+) -> float:
     """Model FLOPs utilisation: (flops_per_token * T * fwdbwd_per_iter / dt) / peak.
 
     `peak_flops` is FLOP/s per device or a key of PEAK_FLOPS ('A100', 'H100', 'TPUv4', ...).
     nanoGPT fixes it at the A100's 312e12 (hence MFU > 100% reported on H100).
     """
+    config = _config(config)
+    if isinstance(peak_flops, str) and peak_flops not in PEAK_FLOPS:
+        raise KeyError(f"unknown peak_flops preset {peak_flops!r}; known: {sorted(PEAK_FLOPS)}")
     peak = PEAK_FLOPS[peak_flops] if isinstance(peak_flops, str) else float(peak_flops)
     flops_per_iter = flops_per_token(config) * config.block_size * fwdbwd_per_iter
     return flops_per_iter / dt / peak
