@@ -86,3 +86,27 @@ def test_gpt_checkpoint_from_8_devices_restores_on_2(text_dir, tmp_path):
     ref, moved = _curve(os.path.join(out, "ref")), _curve(os.path.join(out, "moved"))
     assert len(moved) == 8
     assert_close("train/loss resumed on 2 devices vs 8", moved, ref, FLOAT32)
+
+
+def test_gpt_export_to_nanogpt_and_import_back(text_dir, tmp_path):
+    """train.export writes nanoGPT's ckpt.pt; trainer.init_from=ckpt.pt starts a run from exactly
+    those weights (EXACT: a copy)."""
+    pytest.importorskip("torch")
+    import numpy as np
+    from flax import nnx
+
+    from train.export import export, load_run_state
+
+    out = str(tmp_path)
+    _run(tiny_gpt_overrides(text_dir, out, "src", steps=3), 1)
+    path = export(os.path.join(out, "src"), os.path.join(out, "ckpt.pt"))
+    _, task, state, _ = load_run_state(os.path.join(out, "src"))
+    cfg = load_config(tiny_gpt_overrides(text_dir, out, "dst") + [f"trainer.init_from={path}"])
+    task2 = __import__("train.step", fromlist=["make_task"]).make_task(
+        cfg, make_mesh(cfg.mesh, devices=jax.devices()[:1])
+    )
+    imported = task2.import_weights(task2.create_state(), path)
+    src_params = nnx.state(nnx.merge(task.graphdef, state)[0], nnx.Param)
+    dst_params = nnx.state(nnx.merge(task2.graphdef, imported)[0], nnx.Param)
+    for a, b in zip(jax.tree.leaves(src_params), jax.tree.leaves(dst_params)):
+        assert_close("imported param", np.asarray(b), np.asarray(a), EXACT)

@@ -123,14 +123,16 @@ def train(cfg, mesh) -> dict:
                 jax.block_until_ready(metrics)  # once: keep compile time out of step time
                 window, compiled = (time.perf_counter(), step), True
             if step % t.log_interval == 0 or step == stop:
-                now = time.perf_counter()
-                dt = (now - window[0]) / max(step - window[1], 1)
-                window = (now, step)
-                host = {
-                    "step_time_ms": 1e3 * dt,
-                    f"{task.items_name}_per_s": task.items_per_step / dt,
-                    "mfu": task.flops_per_step / dt / peak,
-                }
+                host = {}
+                if step > window[1]:
+                    now = time.perf_counter()
+                    dt = (now - window[0]) / (step - window[1])
+                    window = (now, step)
+                    host = {
+                        "step_time_ms": 1e3 * dt,
+                        f"{task.items_name}_per_s": task.items_per_step / dt,
+                        "mfu": task.flops_per_step / dt / peak,
+                    }
                 logger.push(step, {f"train/{k}": v for k, v in metrics.items()}, host)
             if hasattr(task, "eval_due"):  # TRM: at the end of each upstream iteration
                 eval_due = task.eval_due(data_iter)
