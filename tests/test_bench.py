@@ -192,3 +192,47 @@ def test_failing_impl_is_reported_not_raised(tmp_path, monkeypatch):
     res = result["results"][0]["impls"]["torch_eager"]
     assert res["status"] == "error" and "Error" in res["error"]
     assert "ERROR" in harness.format_table(result)
+
+
+def test_bench_configs_mirror_the_trainer_experiments():
+    # The JAX side runs the composed experiment; the fields written in bench/configs.py are only
+    # a fallback, and must describe the same model and batch.
+    for name in ("trm_sudoku_tiny", "gpt_shakespeare_char_tiny", "trm_sudoku", "gpt2_124m"):
+        cfg = bench_configs.get(name)
+        rc = bench_configs.resolve(cfg)
+        assert rc["source"].startswith(f"configs/experiment/{cfg.experiment}.yaml"), rc["source"]
+        for k, v in cfg.model.items():
+            assert rc["model"][k] == v, (name, k, rc["model"][k], v)
+        assert rc["batch_size"] == cfg.batch_size, name
+        assert rc["dtype"] == cfg.dtype, name
+
+
+def test_ttq_torch_side_stops_at_target(tmp_path, monkeypatch, shared_data_dir):
+    # The driver: same data stream, eval every K steps, stop at the first eval meeting the target.
+    from bench import ttq
+
+    micro = bench_configs.BenchConfig(
+        **{**_MICRO_GPT.__dict__, "name": "micro_char", "model": dict(_MICRO_GPT.model, vocab_size=65),
+           "ttq": dict(metric="val_loss", target=100.0, eval_interval=2, eval_iters=2, max_steps=6)}
+    )  # fmt: skip
+    monkeypatch.setitem(bench_configs.CONFIGS, "micro_char", micro)
+    result = ttq.main(
+        [
+            "--configs",
+            "micro_char",
+            "--impls",
+            "torch_eager",
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--input",
+            f"{shared_data_dir}/tinyshakespeare/input.txt",
+            "--out",
+            str(tmp_path),
+        ]  # fmt: skip
+    )
+    res = result["results"][0]["impls"]["torch_eager"]
+    assert res["status"] == "ok", res.get("traceback")
+    # target 100 is met at the first eval (a fresh model's loss is ~ln 65 = 4.17)
+    assert res["reached"] and res["steps_to_target"] == 2 and len(res["curve"]) == 1
+    assert 3.5 < res["curve"][0]["val_loss"] < 5.0
+    assert json.loads((tmp_path / ttq.JSON_NAME).read_text())["kind"] == "ttq"
