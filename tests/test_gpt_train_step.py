@@ -142,3 +142,33 @@ def test_decay_mask_groups_match_spec_shakespeare_char():
     no_decay = [p for m, p in zip(mask, leaves) if not m]
     assert (len(decay), sum(int(np.prod(p.shape)) for p in decay)) == (26, 10_740_096)
     assert (len(no_decay), sum(int(np.prod(p.shape)) for p in no_decay)) == (13, 4_992)
+
+
+def test_train_step_with_dropout_under_jit_advances_the_rng():
+    """Dropout > 0 inside the accumulation scan (E's jit pattern): masks differ per micro-step."""
+    from models.gpt import GPT, GPTConfig
+
+    cfg = GPTConfig(**{**TINY, "dropout": 0.2})
+    model = GPT(cfg, rngs=nnx.Rngs(params=0, dropout=1))
+    optimizer = nnx.Optimizer(
+        model, configure_optimizers(weight_decay=0.1, learning_rate=1e-3), wrt=nnx.Param
+    )
+    x, y = (t[0].numpy() for t in _batches())
+    same_x, same_y = np.stack([x[0], x[0]]), np.stack([y[0], y[0]])  # two identical micro-batches
+    model.eval()
+    eval_loss = float(model(same_x[0], same_y[0])[1])  # the same weights without dropout
+    model.train()
+    graphdef, state = nnx.split((model, optimizer))
+
+    @jax.jit
+    def step(state, x_abt, y_abt):
+        model, optimizer = nnx.merge(graphdef, state)
+        metrics = train_step(model, optimizer, x_abt, y_abt, grad_clip=1.0)
+        return nnx.state((model, optimizer)), metrics
+
+    state, m1 = step(state, same_x, same_y)
+    model, _ = nnx.merge(graphdef, state)
+    counts = [int(c) for c in jax.tree.leaves(nnx.state(model, nnx.RngCount))]
+    assert counts and all(c == ACCUM for c in counts), counts  # one draw per site per micro-step
+    # the step's loss (before its update) is a dropout loss, not the eval loss
+    assert np.isfinite(float(m1["loss"])) and abs(float(m1["loss"]) - eval_loss) > 1e-4

@@ -120,14 +120,15 @@ def loss_and_grads(model: GPT, x_abt, y_abt):
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     A = x_abt.shape[0]
 
-    def micro_loss(params, rest, x_bt, y_bt):
-        m = nnx.merge(graphdef, params, rest)
-        _, loss = m(x_bt, y_bt)
-        return loss / A, nnx.split(m, nnx.Param, ...)[2]
-
     def body(carry, xy):
         grads, loss_sum, rest = carry
-        (loss, rest), g = jax.value_and_grad(micro_loss, has_aux=True)(params, rest, *xy)
+        x_bt, y_bt = xy
+        # Merge fresh Variables in the scan body (NNX refuses to trace or mutate Variables created
+        # at an outer trace level: the closed-over params are re-wrapped by the tree map), and
+        # use nnx.value_and_grad, which carries the dropout RNG counter updates out of the grad.
+        m = nnx.merge(graphdef, jax.tree.map(lambda p: p, params), rest)
+        loss, g = nnx.value_and_grad(lambda m: m(x_bt, y_bt)[1] / A)(m)
+        rest = nnx.split(m, nnx.Param, ...)[2]
         return (jax.tree.map(jnp.add, grads, g), loss_sum + loss, rest), None
 
     zeros = jax.tree.map(jnp.zeros_like, params)
