@@ -1,0 +1,121 @@
+"""Converters (models.trm.from_torch / to_torch), variable kinds and parameter counts."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from models.state_dict import COMPILE_PREFIX, StateDictError, UnsafeCheckpointError, load_file
+from models.trm import TRM, LatentInit, PuzzleTable, TRMConfig, from_torch, to_torch
+from parity.compare import EXACT, assert_all_close
+
+torch = pytest.importorskip("torch")
+
+from parity.report_trm import make_pair, tiny_config  # noqa: E402
+from parity.trm_torch import ACTLossHead, build_model  # noqa: E402
+
+
+def _sd(cfg, seed=0):
+    torch.manual_seed(seed)
+    head = ACTLossHead(build_model(cfg))
+    with torch.no_grad():
+        head.model.inner.puzzle_emb.weights.normal_()
+    return head.state_dict()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_round_trip_exact(dtype, compiled):
+    cfg = tiny_config("att", dtype)
+    sd = _sd(cfg)
+    assert sd["model.inner.H_init"].dtype == getattr(torch, dtype)  # bf16 buffers in bf16 runs
+    src = {COMPILE_PREFIX + k: v for k, v in sd.items()} if compiled else sd
+    model = from_torch(src, cfg)
+    assert model.inner.H_init[...].dtype == jnp.dtype(dtype)
+    back = to_torch(model, compiled=compiled)
+    assert set(back) == set(src)
+    assert all(back[k].dtype == src[k].dtype for k in src)
+    assert_all_close([(k, back[k], src[k]) for k in src], EXACT)
+
+
+def test_puzzle_table_of_another_size_becomes_row_mean():
+    cfg = tiny_config("att", "float32")  # 5 puzzle ids
+    sd = _sd(cfg)
+    table = torch.randn(9, cfg.puzzle_emb_ndim)
+    sd["model.inner.puzzle_emb.weights"] = table
+    model = from_torch(sd, cfg)
+    expected = np.broadcast_to(table.mean(0, keepdim=True).numpy(), (5, cfg.puzzle_emb_ndim))
+    assert_all_close([("puzzle table", model.inner.puzzle_emb.weights[...], expected)], EXACT)
+
+
+def test_state_dict_errors_list_every_key():
+    cfg = tiny_config("att", "float32")
+    sd = _sd(cfg)
+    del sd["model.inner.lm_head.weight"]
+    sd["model.inner.extra.weight"] = torch.zeros(3)
+    sd["model.inner.q_head.bias"] = torch.zeros(3)
+    with pytest.raises(StateDictError) as e:
+        from_torch(sd, cfg)
+    msg = str(e.value)
+    for part in (
+        "missing keys (1): model.inner.lm_head.weight",
+        "unexpected keys (1): model.inner.extra.weight",
+        "model.inner.q_head.bias: got (3,), expected (2,)",
+    ):
+        assert part in msg, msg
+
+
+def test_pt_file_loads_and_pickled_code_is_refused(tmp_path):
+    cfg = tiny_config("mlp_t", "float32")
+    sd = _sd(cfg)
+    good = tmp_path / "step_10"
+    torch.save({COMPILE_PREFIX + k: v for k, v in sd.items()}, good.with_suffix(".pt"))
+    model = from_torch(load_file(good.with_suffix(".pt")), cfg)
+    assert_all_close([("L_init", model.inner.L_init[...], sd["model.inner.L_init"])], EXACT)
+
+    class Payload:  # anything that is not a tensor/container needs unpickling code
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    bad = tmp_path / "bad.pt"
+    torch.save({"model.inner.H_init": sd["model.inner.H_init"], "x": Payload()}, bad)
+    with pytest.raises(UnsafeCheckpointError):
+        load_file(bad)
+
+
+def test_buffers_are_not_params():
+    """H_init/L_init and the puzzle table are never seen by AdamATan2 / the EMA."""
+    cfg = tiny_config("att", "float32")
+    _, model = make_pair(cfg)
+    params = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    names = {".".join(map(str, p)) for p, _ in params}
+    assert not any(n.endswith(("H_init", "L_init", "puzzle_emb.weights")) for n in names), names
+    assert isinstance(model.inner.H_init, LatentInit) and not isinstance(
+        model.inner.H_init, nnx.Param
+    )
+    assert isinstance(model.inner.puzzle_emb.weights, PuzzleTable)
+    assert not isinstance(model.inner.puzzle_emb.weights, nnx.Param)
+    # same trainable tensors as torch's model.parameters()
+    head, _ = make_pair(cfg)
+    assert names == {k[len("model.") :] for k, _ in head.named_parameters()}
+
+
+def _count(cfg):
+    import jax
+
+    abstract = nnx.eval_shape(lambda: TRM(cfg, rngs=nnx.Rngs(0)))  # shapes only, no allocation
+    return sum(int(np.prod(v.shape)) for v in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        (dict(mlp_t=True, pos_encodings="none"), 5_028_866),  # README pretrain_mlp_t_sudoku
+        (dict(), 6_828_034),  # pretrain_att_sudoku
+        (dict(arch="hrm", H_cycles=2, L_cycles=2, H_layers=4, L_layers=4), 27_275_266),
+    ],
+    ids=["sudoku-mlp_t", "sudoku-att", "sudoku-hrm"],
+)
+def test_parameter_counts_match_upstream(overrides, expected):
+    cfg = TRMConfig(batch_size=768, seq_len=81, puzzle_emb_ndim=512, vocab_size=11, **overrides)
+    assert _count(cfg) == expected
