@@ -212,11 +212,32 @@ def test_aot_v4_64_tiny_gpt_reports_and_fails_when_it_does_not_fit(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.tpu_aot
-@pytest.mark.parametrize("experiment", ["trm_sudoku", "gpt2_124m"])
-def test_aot_v4_64_production_experiments_fit(tmp_path, experiment):
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        # float32 loss on TPU: with the float64 default, see the xfail test below
+        ["+experiment=trm_sudoku", "optim.loss_dtype=float32"],
+        ["+experiment=gpt2_124m"],
+    ],
+    ids=["trm_sudoku", "gpt2_124m"],
+)
+def test_aot_v4_64_production_experiments_fit(tmp_path, overrides):
     out = tmp_path / "r.json"
-    proc = _run_aot(f"+experiment={experiment}", "mesh=v4-64", f"--json={out}", timeout=3000)
+    proc = _run_aot(*overrides, "mesh=v4-64", f"--json={out}", timeout=3000)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["fits"] and report["num_devices"] == 32
     assert report["memory"]["total"] < 32 * 2**30
+
+
+@pytest.mark.slow
+@pytest.mark.tpu_aot
+@pytest.mark.xfail(
+    reason="known (reported): with upstream's float64 loss the trainer enables jax x64, and the "
+    "int64 cumsum inside jnp.unique (models/trm/optim.py sparse_sign_sgd) exhausts TPU vmem at "
+    "compile time (26.75M of 16M)",
+    strict=True,
+)
+def test_aot_v4_64_trm_sudoku_with_float64_loss_compiles(tmp_path):
+    proc = _run_aot("+experiment=trm_sudoku", "mesh=v4-64", timeout=3000)
+    assert proc.returncode == 0, proc.stderr[-3000:]
