@@ -94,3 +94,9 @@ def test_bfloat16_policy_dtypes():
     assert acts["h.0.attn"].dtype == jnp.bfloat16  # branch output of a bf16 matmul
     assert acts["h.0.ln_2"].dtype == jnp.float32  # LN of the fp32 residual stream
     assert acts["embeddings"].dtype == jnp.float32  # lookups are not rounded to bf16
+
+
+def test_parity_report_cli_prints_table_and_exit_status(capsys):
+    assert report_gpt.main(["--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert "h.1.mlp" in out and "logits" in out and "0 failed" in out
