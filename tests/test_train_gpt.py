@@ -75,6 +75,7 @@ def test_gpt_kill_and_resume_is_bit_identical(text_dir, tmp_path):
     assert_close("train/loss after kill -9 + resume", resumed, straight, EXACT)
 
 
+@pytest.mark.slow
 def test_gpt_checkpoint_from_8_devices_restores_on_2(text_dir, tmp_path):
     """Save on an 8-device mesh, resume on 2 devices: the rest of the curve matches the 8-device
     run to FLOAT32 (different reduction order, as in the 1-vs-8 test)."""
@@ -88,6 +89,7 @@ def test_gpt_checkpoint_from_8_devices_restores_on_2(text_dir, tmp_path):
     assert_close("train/loss resumed on 2 devices vs 8", moved, ref, FLOAT32)
 
 
+@pytest.mark.slow
 def test_gpt_export_to_nanogpt_and_import_back(text_dir, tmp_path):
     """train.export writes nanoGPT's ckpt.pt; trainer.init_from=ckpt.pt starts a run from exactly
     those weights (EXACT: a copy)."""
