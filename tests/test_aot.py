@@ -134,6 +134,7 @@ def test_memory_report_of_a_cpu_compiled_fsdp_step():
     assert "DOES NOT FIT" in aot.format_report(small)
 
 
+@pytest.mark.slow  # ~10 s of CPU to compile the trainer's step; the tpu_aot test covers it too
 def test_real_gpt_step_on_8_cpu_devices_through_hydra():
     """The trainer's own step (E's builder), composed from the repo's Hydra configs, FSDP on CPU."""
     from train import mesh as mesh_lib
