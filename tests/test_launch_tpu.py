@@ -7,7 +7,11 @@ the remote bash script inside `--command=`, so the tests check what the worker's
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -239,3 +243,46 @@ def test_exec_runs_a_command_in_the_code_dir_on_all_workers(capsys):
     ]
     assert tpu.main(["exec", "--project", "p", "--dry-run"]) == 2
     assert "after '--'" in capsys.readouterr().err
+
+
+def test_end_to_end_shell_script_dry_run(tmp_path):
+    """launch/trm_sudoku_v4_64.sh with DRY_RUN=1 prints its gcloud commands and runs none.
+
+    PATH holds only what the script needs (no gcloud), so a slip would fail loudly, not call Cloud.
+    """
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("git", "dirname"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {
+        "PATH": str(bin_dir),
+        "HOME": str(tmp_path),
+        "TPU_PROJECT": "p",
+        "BUCKET": "gs://b",
+        "DRY_RUN": "1",
+        "PYTHON": sys.executable,
+    }
+    proc = subprocess.run(
+        [shutil.which("bash"), "launch/trm_sudoku_v4_64.sh"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    words = shlex.split(proc.stdout)
+    gcloud_steps = [words[i + 3 : i + 5] for i, w in enumerate(words) if w == "gcloud"]
+    assert gcloud_steps == [
+        ["queued-resources", "create"],
+        ["tpu-vm", "scp"],
+        ["tpu-vm", "ssh"],  # setup
+        ["tpu-vm", "ssh"],  # data
+        ["tpu-vm", "ssh"],  # run
+        ["tpu-vm", "ssh"],  # logs
+    ]
+    assert "--spot" in words
+    run_script = [w for w in words if w.startswith("--command=") and "train.main" in w]
+    assert len(run_script) == 1 and "optim.loss_dtype=float32" in run_script[0]
+    assert "run.out_dir=gs://b/runs" in run_script[0]
