@@ -33,6 +33,12 @@ def main(argv=None):
     p.add_argument("--variant", action="append", default=[], help="k=v[,k=v] model overrides")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="override the global batch (real model sizes on CPU)",
+    )
     p.add_argument("--out", default=None, help="write the result JSON here")
     args = p.parse_args(argv)
 
@@ -48,6 +54,12 @@ def main(argv=None):
     from train.step import build_train_step, make_task
 
     cfg = configs.get(args.config)
+    if args.batch:
+        import dataclasses
+
+        cfg = dataclasses.replace(
+            cfg, overrides=(*cfg.overrides, f"trainer.global_batch_size={args.batch}")
+        )
     variants = [{}] + [_parse(v) for v in args.variant]
     built = []
     for ov in variants:
