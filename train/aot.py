@@ -1,6 +1,6 @@
 """Compile the real train step for a TPU slice on a machine without one (ahead of time).
 
-    python -m train.aot +experiment=trm_sudoku mesh=v4-64
+    python -m train.aot +experiment=trm_sudoku mesh=v4-64 optim.loss_dtype=float32
     python -m train.aot +experiment=gpt2_124m mesh=v4-64 --json gpt2_aot.json
 
 Same Hydra configs and overrides as `python -m train.main`. libtpu (`pip install
@@ -293,6 +293,26 @@ def aot_compile(
     )
 
 
+def _explain_failure(message: str) -> str:
+    """One line on what a compile failure means for the run (tested on the real messages)."""
+    if "memory space vmem" in message:
+        hint = (
+            "the step does NOT compile: one op needs more on-chip vector memory (vmem) than the "
+            "TPU has; this is not HBM capacity, a smaller batch will not help"
+        )
+        import jax
+
+        if jax.config.jax_enable_x64:
+            hint += (
+                ". jax x64 is on (TRM's float64 loss): 64-bit ops are emulated on TPU; try "
+                "optim.loss_dtype=float32 (docs/sharding.md)"
+            )
+        return hint
+    if "RESOURCE_EXHAUSTED" in message or "out of memory" in message.lower():
+        return "the step does NOT fit in device memory (compile-time OOM)"
+    return "the step could not be built or compiled (see the error above)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m train.aot",
@@ -315,10 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = aot_compile(overrides, topology=args.topology, hbm_bytes=int(args.hbm_gib * GiB))
     except Exception as e:  # noqa: BLE001 - a compile OOM/config error is the answer, say it clearly
         print(f"train.aot: {type(e).__name__}: {e}", file=sys.stderr)
-        if "RESOURCE_EXHAUSTED" in str(e) or "memory" in str(e).lower():
-            print(
-                "train.aot: the step does NOT fit on the device (compile-time OOM)", file=sys.stderr
-            )
+        print(f"train.aot: {_explain_failure(str(e))}", file=sys.stderr)
         return 1
     print(format_report(report))
     if args.json:
