@@ -34,6 +34,7 @@ def _curve(run_dir):
     return [c[s] for s in sorted(c)]
 
 
+@pytest.mark.slow  # the default tier has the TRM twin (batch + carry sharding)
 def test_gpt_same_losses_on_1_and_8_devices(text_dir, tmp_path):
     """Data parallel over 8 fake devices computes the 1-device run: same loss at every step.
 

@@ -103,3 +103,36 @@ def test_trm_sudoku_tiny_learns(tmp_path):
     exact = [r["eval/all/exact_accuracy"] for r in records if "eval/all/exact_accuracy" in r]
     assert exact[0] < 0.05, exact  # after 250 steps it has not solved any test grid yet
     assert exact[-1] > 0.3, exact
+
+
+@pytest.mark.slow
+def test_trm_export_to_upstream_and_import_back(sudoku_dir, tmp_path):
+    """train.export writes the upstream state_dict of the EMA model; trainer.init_from=that file
+    starts a run from exactly those weights (EXACT: a copy)."""
+    pytest.importorskip("torch")
+    import numpy as np
+
+    from train.export import export, load_run_state
+    from train.step import make_task
+
+    out = str(tmp_path)
+    over = ["optim.loss_dtype=float32"]
+    cfg = load_config(tiny_trm_overrides(sudoku_dir, out, "src") + over)
+    train(cfg, make_mesh(cfg.mesh, devices=jax.devices()[:1]))
+    path = export(os.path.join(out, "src"), os.path.join(out, "step_4"))
+    _, task, state, _ = load_run_state(os.path.join(out, "src"))
+    cfg2 = load_config(tiny_trm_overrides(sudoku_dir, out, "dst") + over)
+    task2 = make_task(cfg2, make_mesh(cfg2.mesh, devices=jax.devices()[:1]))
+    imported = task2.import_weights(task2.create_state(), path)
+    ema = jax.tree.leaves(state["train"].ema)  # upstream saves the EMA copy
+    got = jax.tree.leaves(imported["train"].params)
+    assert len(ema) == len(got) > 0
+    for a, b in zip(ema, got):
+        assert_close("imported param", np.asarray(b), np.asarray(a), EXACT)
+    table = jax.tree.leaves(state["train"].table)[0]
+    assert_close(
+        "puzzle table",
+        np.asarray(jax.tree.leaves(imported["train"].table)[0]),
+        np.asarray(table),
+        EXACT,
+    )
