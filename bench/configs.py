@@ -287,6 +287,10 @@ def _fallback_trainer_cfg(cfg: BenchConfig, seed: int) -> dict:
         "checkpoint": {"enabled": False},
         "model": model,
         "optim": optim,
+        # TRM's data-dependent sizes (the trainer reads them from data/ when no data set is loaded)
+        "data": {k: cfg.model[k] for k in ("seq_len", "vocab_size", "num_puzzle_identifiers")}
+        if cfg.family == "trm"
+        else {},
     }
 
 

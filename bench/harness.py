@@ -435,8 +435,14 @@ def write_chart(result: dict, path: Path) -> None:
         ax.set_ylabel("ms per train step (median, IQR)")
         for i, m in enumerate(med):
             ax.text(i, m, f"{m:.1f}", ha="center", va="bottom", fontsize=8)
+    m = result["machine"]
+    where = m["cpu"] if m["device"] == "cpu" else ", ".join(m["gpus"])
+    threads = result["settings"].get("threads") or m["cpu_cores"]
+    load = result.get("loadavg_start")
     fig.suptitle(
-        f"train step time, {result['machine']['device']}: {result['machine']['cpu'] if result['machine']['device'] == 'cpu' else ', '.join(result['machine']['gpus'])}",
+        f"train step time on {m['device']} ({where}, {threads} threads"
+        + (f", load {load[0]:.1f}" if load else "")
+        + ")",
         fontsize=9,
     )
     fig.tight_layout()

@@ -236,3 +236,50 @@ def test_ttq_torch_side_stops_at_target(tmp_path, monkeypatch, shared_data_dir):
     assert res["reached"] and res["steps_to_target"] == 2 and len(res["curve"]) == 1
     assert 3.5 < res["curve"][0]["val_loss"] < 5.0
     assert json.loads((tmp_path / ttq.JSON_NAME).read_text())["kind"] == "ttq"
+
+
+@pytest.mark.slow
+def test_trm_two_step_run_through_the_trainer_task(tmp_path, monkeypatch):
+    # The TRM path: the trainer's TRMTask step (x64 loss) vs upstream's train_batch in torch.
+    micro = bench_configs.BenchConfig(
+        name="micro_trm", family="trm", device="cpu",
+        model=dict(seq_len=9, vocab_size=5, num_puzzle_identifiers=1, puzzle_emb_ndim=8,
+                   puzzle_emb_len=1, hidden_size=8, num_heads=2, expansion=2, H_cycles=2,
+                   L_cycles=1, L_layers=1, halt_max_steps=2, halt_exploration_prob=0.1,
+                   forward_dtype="float32", mlp_t=True, pos_encodings="none"),
+        batch_size=4, dtype="float32",
+        optim=dict(lr=1e-3, lr_min_ratio=1.0, lr_warmup_steps=2, puzzle_emb_lr=1e-3,
+                   weight_decay=0.1, puzzle_emb_weight_decay=0.1, beta1=0.9, beta2=0.95,
+                   ema=True, ema_rate=0.99, total_steps=100),
+    )  # fmt: skip
+    monkeypatch.setitem(bench_configs.CONFIGS, "micro_trm", micro)
+    result = harness.main(
+        [
+            "--configs",
+            "micro_trm",
+            "--impls",
+            "jax,torch_eager",
+            "--steps",
+            "2",
+            "--warmup",
+            "0",
+            "--inner",
+            "1",
+            "--peak-flops",
+            "1e12",
+            "--threads",
+            "1",
+            "--no-chart",
+            "--out",
+            str(tmp_path),
+        ]  # fmt: skip
+    )
+    rec = result["results"][0]
+    assert rec["schedule"] == ["jax", "torch_eager"] * 3
+    for impl in ("jax", "torch_eager"):
+        assert rec["impls"][impl]["status"] == "ok", rec["impls"][impl].get("traceback")
+    assert rec["impls"]["jax"]["info"]["step"].startswith("train.step.jit_train_step")
+    assert rec["flops_per_step"] == flops.trm_flops_per_step(micro.model, 4)["total"]
+    # both report upstream's loss per example; a fresh model on 4 labels sits near ln(5) + 0.5 BCE
+    j, t = rec["impls"]["jax"]["losses"][0], rec["impls"]["torch_eager"]["losses"][0]
+    assert 1.0 < j < 3.0 and 1.0 < t < 3.0 and abs(j - t) < 0.5
