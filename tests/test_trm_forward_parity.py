@@ -54,6 +54,7 @@ def test_variants_one_step_float64(variant, x64):
     _check(tiny_config(variant, "float64"), FLOAT64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["hrm", "singlez", "hier6", "baseline"])
 def test_variants_one_step_float32(variant):
     _check(tiny_config(variant, "float32"), FLOAT32)

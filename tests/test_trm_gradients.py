@@ -49,7 +49,7 @@ FLOAT32_GRAD = Tolerance(
 )
 
 
-@pytest.mark.parametrize("variant", ["mlp_t", "att"])
+@pytest.mark.parametrize("variant", ["att", pytest.param("mlp_t", marks=pytest.mark.slow)])
 def test_gradients_float32(variant, x64):
     # x64 on: the model runs in float32, the stablemax loss in float64, exactly like upstream
     t_loss, j_loss, pairs = _grad_pairs(tiny_config(variant, "float32"))
@@ -57,7 +57,14 @@ def test_gradients_float32(variant, x64):
     assert_all_close(pairs, FLOAT32_GRAD)
 
 
-@pytest.mark.parametrize("variant", ["hrm", "singlez", "hier6"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "hrm",
+        pytest.param("singlez", marks=pytest.mark.slow),
+        pytest.param("hier6", marks=pytest.mark.slow),
+    ],
+)
 def test_variant_gradients_float64(variant, x64):
     t_loss, j_loss, pairs = _grad_pairs(tiny_config(variant, "float64"))
     assert_all_close([("loss", np.float64(j_loss), np.float64(t_loss))] + pairs, FLOAT64)
