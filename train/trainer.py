@@ -118,16 +118,16 @@ def train(cfg, mesh) -> dict:
             # and the host never runs more than one step ahead (bounded memory, honest timings).
             if previous is not None:
                 jax.block_until_ready(previous)
+            done = (time.perf_counter(), step - 1)  # step N-1 has now finished
             previous = metrics
             if window[1] == step - 1 and not compiled:
                 jax.block_until_ready(metrics)  # once: keep compile time out of step time
                 window, compiled = (time.perf_counter(), step), True
             if step % t.log_interval == 0 or step == stop:
                 host = {}
-                if step > window[1]:
-                    now = time.perf_counter()
-                    dt = (now - window[0]) / (step - window[1])
-                    window = (now, step)
+                if done[1] > window[1]:  # average over the steps finished since the last log
+                    dt = (done[0] - window[0]) / (done[1] - window[1])
+                    window = done
                     host = {
                         "step_time_ms": 1e3 * dt,
                         f"{task.items_name}_per_s": task.items_per_step / dt,
