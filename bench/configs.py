@@ -149,8 +149,9 @@ _add(
             "ema_rate": 0.99,
             "total_steps": 5000,
         },
-        # on the experiment's easy grids (train/tiny_data.py: 8 blanks per puzzle)
-        ttq=dict(metric="exact_accuracy", target=0.5, eval_interval=50, max_steps=600),
+        # on the experiment's easy grids (train/tiny_data.py: 8 blanks per puzzle); the trainer's
+        # test_trm_sudoku_tiny_learns sees exact accuracy 0 at step 250 and > 0.3 by step 500
+        ttq=dict(metric="exact_accuracy", target=0.3, eval_interval=50, max_steps=800),
         experiment="trm_sudoku_tiny",
     )
 )
