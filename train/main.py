@@ -16,10 +16,14 @@ from train.distributed import initialize
 def main(argv: list[str] | None = None) -> dict:
     initialize()  # before anything touches devices
     from train.compose import load_config
+    from train.config import ConfigError
     from train.mesh import make_mesh
     from train.trainer import train
 
-    cfg = load_config(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = load_config(sys.argv[1:] if argv is None else argv)
+    except ConfigError as e:
+        sys.exit(f"error: {e}")  # exit status 1, no traceback: it is the user's input
     return train(cfg, make_mesh(cfg.mesh))
 
 
