@@ -83,14 +83,14 @@ class _CompileCounter:
         cls._registered = True
 
 
-def _loss_of(metrics: dict, rc: dict, raw_sums: bool) -> float:
-    """Loss of a step's metrics. TRM: upstream's lm + 0.5 (q_halt + q_continue), per example
-    (the trainer's metrics are already divided by the global batch; C's raw sums are not)."""
+def _loss_of(metrics: dict) -> float:
+    """Loss of a step's metrics. TRM: upstream's lm + 0.5 (q_halt + q_continue); the trainer's
+    TRM metrics are already per example (divided by the global batch), like the torch side's."""
     if "loss" in metrics:
         return float(np.asarray(metrics["loss"]))
     lm, qh = (float(np.asarray(metrics[k])) for k in ("lm_loss", "q_halt_loss"))
     qc = float(np.asarray(metrics.get("q_continue_loss", 0.0)))
-    return (lm + 0.5 * (qh + qc)) / (rc["batch_size"] if raw_sums else 1)
+    return lm + 0.5 * (qh + qc)
 
 
 class JaxRunner:
@@ -115,25 +115,13 @@ class JaxRunner:
             # dtypes explicitly, so x64 changes nothing else)
             jax.config.update("jax_enable_x64", True)
         self.mesh = mesh_lib.make_mesh(self.tcfg.mesh)
+        self.task = make_task(self.tcfg, self.mesh, need_data=False)
+        self.step_fn = jit_train_step(self.task)
+        self.state = self.task.create_state()
         batch = make_batch(self.cfg, self.spec["seed"])
-        self.task = None
-        try:
-            self.task = make_task(self.tcfg, self.mesh, need_data=False)
-        except (ImportError, ModuleNotFoundError) as e:
-            if self.cfg["family"] != "trm":
-                raise
-            self.step_source = f"models.trm.train_step.train_step under jax.jit (trainer: {e})"
-            self._setup_trm_direct(batch)
-        if self.task is not None:
-            self.step_source = (
-                "train.step.jit_train_step(train.step.make_task(cfg, mesh)) "
-                "(jax.jit, NamedShardings, donate_argnums=0)"
-            )
-            self.step_fn = jit_train_step(self.task)
-            self.state = self.task.create_state()
-            if self.cfg["family"] == "gpt":
-                batch = {k: v[None].astype(np.int32) for k, v in batch.items()}  # [accum=1, B, T]
-            self.batch = self.task.to_global(batch)
+        if self.cfg["family"] == "gpt":
+            batch = {k: v[None].astype(np.int32) for k, v in batch.items()}  # [accum=1, B, T]
+        self.batch = self.task.to_global(batch)
         jax.block_until_ready((self.state, self.batch))
         dev = jax.devices()[0]
         return {
@@ -141,44 +129,14 @@ class JaxRunner:
             "device": f"{dev.platform}:{dev.device_kind}",
             "num_devices": jax.device_count(),
             "mesh": dict(self.mesh.shape),
-            "step": self.step_source,
+            "step": "train.step.jit_train_step(train.step.make_task(cfg, mesh)) "
+            "(jax.jit, NamedShardings, donate_argnums=0)",
             "task_flops_per_step": float(getattr(self.task, "flops_per_step", 0.0)),
             # params + optimiser state (+ TRM carry), in elements
             "state_elements": int(
                 sum(x.size for x in jax.tree.leaves(self.state) if hasattr(x, "size"))
             ),
         }
-
-    def _setup_trm_direct(self, batch):
-        """Before the trainer has a TRM task: C's pure step, jitted the way the trainer jits
-        (state and carry donated). Reported as such in the JSON (`info.step`)."""
-        import functools
-
-        import jax
-        from flax import nnx
-
-        from models.trm import TRM, TRMConfig
-        from models.trm.train_step import TRMOptimConfig, init_train_state, train_step
-
-        rc, o = self.cfg, self.cfg["optim"]
-        B = rc["batch_size"]
-        model = TRM(
-            TRMConfig(**{**rc["jax_model"], "batch_size": B}), rngs=nnx.Rngs(self.spec["seed"])
-        )
-        model.train()
-        keys = [f.name for f in __import__("dataclasses").fields(TRMOptimConfig)]
-        ocfg = TRMOptimConfig(**{k: v for k, v in o.items() if k in keys}, global_batch_size=B)
-        graphdef, state = init_train_state(model, ocfg)
-        self.batch = jax.device_put({k: jax.numpy.asarray(v) for k, v in batch.items()})
-        carry = model.initial_carry(self.batch)
-        step = jax.jit(functools.partial(train_step, graphdef, config=ocfg), donate_argnums=(0, 1))
-
-        def step_fn(sc, b):
-            new_state, new_carry, metrics = step(sc[0], sc[1], b)
-            return (new_state, new_carry), metrics
-
-        self.step_fn = step_fn
-        self.state = (state, carry)
 
     def run(self, n: int):
         import jax
@@ -189,7 +147,7 @@ class JaxRunner:
             self.state, metrics = self.step_fn(self.state, self.batch)
         jax.block_until_ready((self.state, metrics))
         dt = time.perf_counter() - t0
-        return dt, _loss_of(metrics, self.cfg, raw_sums=self.task is None)
+        return dt, _loss_of(metrics)
 
     def stats(self) -> dict:
         import jax

@@ -163,7 +163,7 @@ class JaxTTQ:
         jax.block_until_ready(r.state)
         from bench.runners import _loss_of
 
-        return time.perf_counter() - t0, _loss_of(metrics, self.rc, raw_sums=False)
+        return time.perf_counter() - t0, _loss_of(metrics)
 
     def evaluate(self, _arg=None) -> dict:
         import jax
