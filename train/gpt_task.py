@@ -141,9 +141,6 @@ class GPTTask(Task):
         metrics["lr"] = jnp.asarray(self.lr_fn(it), jnp.float32)
         return nnx.state((model, optimizer)), metrics
 
-    def step_of(self, state) -> jax.Array:
-        return state[1]["step"][...] if isinstance(state, tuple) else _find_step(state)
-
     # --- eval -------------------------------------------------------------------------------
     def _eval_loss(self, state, x, y):
         model, _ = nnx.merge(self.eval_graphdef, state)
@@ -220,10 +217,6 @@ class GPTTask(Task):
 
         model, _ = nnx.merge(self.graphdef, jax.device_get(state))
         return to_torch(model)
-
-
-def _find_step(state):
-    return state[1]["step"][...]
 
 
 class _Mapped:

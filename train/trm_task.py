@@ -292,8 +292,6 @@ class TRMTask(Task):
     def import_weights(self, state, init_from: str):
         """An upstream TRM checkpoint (torch state_dict, `_orig_mod.` keys ok) -> params/table/
         buffers; optimizer and EMA restart from the imported params (upstream's load_checkpoint)."""
-        from flax import nnx
-
         from models.state_dict import load_file
         from models.trm import from_torch
         from models.trm.train_step import init_train_state
@@ -301,7 +299,6 @@ class TRMTask(Task):
         src = from_torch(load_file(init_from), self.model_cfg)
         src.train()
         _, train_state = init_train_state(src, self.optim)
-        del nnx
         new = {**jax.device_get(state), "train": train_state}
         return jax.device_put(new, self.state_shardings)
 
