@@ -283,3 +283,15 @@ def test_trm_two_step_run_through_the_trainer_task(tmp_path, monkeypatch):
     # both report upstream's loss per example; a fresh model on 4 labels sits near ln(5) + 0.5 BCE
     j, t = rec["impls"]["jax"]["losses"][0], rec["impls"]["torch_eager"]["losses"][0]
     assert 1.0 < j < 3.0 and 1.0 < t < 3.0 and abs(j - t) < 0.5
+
+
+def test_trm_flops_agree_with_the_trainer_counter():
+    # train/flops.py (the trainer's MFU) leaves out the 2-wide q_head; otherwise the same count.
+    from models.trm import TRMConfig
+    from train.flops import trm_flops_per_step
+
+    for name in ("trm_sudoku", "trm_sudoku_att", "trm_sudoku_tiny"):
+        model = bench_configs.get(name).model
+        ours = flops.trm_flops_per_step(model, batch_size=8)["total"]
+        q_head = 8 * 3 * (2 * model["hidden_size"] * 2)
+        assert ours - q_head == trm_flops_per_step(TRMConfig(**model, batch_size=8), 8), name
