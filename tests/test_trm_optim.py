@@ -288,6 +288,29 @@ def test_sparse_sign_sgd_sharded_matches_single_device(axis_type):
     assert_close("sharded table", got, expected, EXACT)
 
 
+def test_sparse_sign_sgd_keeps_indices_int32_under_x64(x64):
+    """The float64 loss turns x64 on; jnp.unique then built int64 index arithmetic, which TPUs
+    emulate (the trm_sudoku v4-64 AOT compile ran out of vmem). The step must lower with no s64."""
+    from models.trm.optim import _unique_int32
+
+    ids = jnp.asarray([5, 2, 5, 7, 2, 2, 0, 9], jnp.int32)
+    unique_ids, inverse = _unique_int32(ids, fill_value=10)
+    ref_unique, ref_inverse = jnp.unique(ids, size=8, fill_value=10, return_inverse=True)
+    assert_close("unique ids", unique_ids, ref_unique, EXACT)
+    assert_close("inverse", inverse, ref_inverse.reshape(8), EXACT)
+    assert unique_ids.dtype == inverse.dtype == jnp.int32
+
+    table = jnp.zeros((10, 4), jnp.float64)
+    grads = jnp.ones((8, 4), jnp.float64)
+    hlo = (
+        jax.jit(lambda t, i, g: sparse_sign_sgd(t, i, g, learning_rate=0.1, weight_decay=0.1))
+        .lower(table, ids, grads)
+        .compile()
+        .as_text()
+    )
+    assert "s64[" not in hlo, "int64 index arithmetic in the SignSGD step"
+
+
 def test_sparse_sign_sgd_bad_shapes():
     with pytest.raises(ValueError, match=r"row_grads \[B, 5\]"):
         sparse_sign_sgd(

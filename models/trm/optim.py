@@ -124,7 +124,7 @@ def sparse_sign_sgd(
         p[i] <- p[i] * (1 - lr*wd) - lr * sign(sum of grads with id i)      (sign(0) = 0)
 
     Rows absent from the batch keep their exact bits (no decay). Fixed shapes for jit:
-    `jnp.unique(size=B)` pads the unique ids with N, an out-of-range row that the final scatter
+    the int32 unique (`_unique_int32`) pads the unique ids with N, an out-of-range row that the final scatter
     drops, so the work is O(B*D), not O(N*D). Under SPMD jit with a global batch array the ids and
     gradients are already the global batch's (upstream all-gathers them by hand).
     """
@@ -142,8 +142,7 @@ def sparse_sign_sgd(
     # layout. Under Auto sharding or on one device these are no-ops and XLA decides.
     ids = _replicate_if_explicit(ids.astype(jnp.int32))
     row_grads = _replicate_if_explicit(row_grads)
-    unique_ids, inverse = jnp.unique(ids, size=batch, fill_value=n, return_inverse=True)
-    inverse = inverse.reshape(batch)
+    unique_ids, inverse = _unique_int32(ids, fill_value=n)
     grad_sum = jax.ops.segment_sum(row_grads.astype(table.dtype), inverse, num_segments=batch)
     lr = jnp.asarray(learning_rate, table.dtype)
     wd = jnp.asarray(weight_decay, table.dtype)
@@ -153,6 +152,25 @@ def sparse_sign_sgd(
     rows = table.at[unique_ids].get(mode="fill", fill_value=0, **rows_kw)
     new_rows = rows * (1 - lr * wd) - lr * jnp.sign(grad_sum)
     return table.at[unique_ids].set(new_rows, mode="drop", **table_kw)
+
+
+def _unique_int32(ids: jax.Array, fill_value: int) -> tuple[jax.Array, jax.Array]:
+    """`jnp.unique(ids, size=B, fill_value=fill_value, return_inverse=True)` in int32 throughout.
+
+    jnp.unique builds its index arithmetic in the default int type, which is int64 when x64 is on
+    (the float64 stablemax loss turns it on). TPUs emulate int64, and the emulated cumsum of a
+    trm_sudoku step did not fit in vmem (train/aot.py, docs/porting_trm_training.md). Sorting with
+    an explicit int32 iota keeps every index int32 whatever the x64 setting.
+    """
+    batch = ids.shape[0]
+    sorted_ids, order = jax.lax.sort(
+        (ids, jnp.arange(batch, dtype=jnp.int32)), num_keys=1, is_stable=True
+    )
+    is_first = jnp.concatenate([jnp.ones((1,), bool), sorted_ids[1:] != sorted_ids[:-1]])
+    segment_of_sorted = jnp.cumsum(is_first.astype(jnp.int32), dtype=jnp.int32) - 1
+    inverse = jnp.zeros((batch,), jnp.int32).at[order].set(segment_of_sorted)
+    unique_ids = jnp.full((batch,), fill_value, jnp.int32).at[segment_of_sorted].set(sorted_ids)
+    return unique_ids, inverse
 
 
 def _explicit_spec(x: jax.Array):
