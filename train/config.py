@@ -44,7 +44,7 @@ class TrainerConfig:
     log_interval: int = 10
     eval_iters: int = 0  # GPT only: batches per split in estimate_loss
     gradient_accumulation_steps: int = 1  # GPT only (global count, as nanoGPT)
-    init_from: str = "scratch"  # scratch | <upstream TRM ckpt> | <nanoGPT ckpt.pt> | gpt2* (HF)
+    init_from: str = "scratch"  # scratch | path: upstream TRM ckpt, nanoGPT ckpt.pt, HF GPT-2 file
     eval_at_start: bool = False
     progress_bar: bool = True  # tqdm, only on an interactive terminal
 

@@ -204,7 +204,7 @@ class GPTTask(Task):
 
     # --- import / export --------------------------------------------------------------------
     def import_weights(self, state, init_from: str):
-        """nanoGPT ckpt.pt (or a raw state_dict / safetensors file) or an HF GPT-2 name."""
+        """A nanoGPT ckpt.pt, a raw state_dict, or an HF GPT-2 weights file (config must match)."""
         from models.gpt import from_torch_file
 
         model, optimizer = nnx.merge(self.graphdef, jax.device_get(state))
