@@ -22,7 +22,7 @@ $(BIN)/.installed-base: pyproject.toml
 
 $(BIN)/.installed-dev: pyproject.toml $(BIN)/.installed-base
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
-	$(BIN)/python -m pip install -q -e ".[dev,parity]"
+	$(BIN)/python -m pip install -q -e ".[dev,parity,tpu]"
 	touch $@
 
 demo: $(BIN)/.installed-base

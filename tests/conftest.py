@@ -14,6 +14,13 @@ _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 os.environ.setdefault("WANDB_MODE", "disabled")
+# libtpu (installed for the tpu_aot tier) probes for a TPU in every JAX process and prints errors on
+# machines without one. Compiling against a TPU *topology description* needs no TPU backend, so on a
+# machine without an NVIDIA GPU the tests pin JAX to the CPU backend (inherited by subprocesses).
+if not (os.path.exists("/dev/nvidia0") or os.environ.get("CUDA_VISIBLE_DEVICES")):
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # no GCE metadata server here
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # two xdist workers may both load libtpu
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import jax  # noqa: E402
