@@ -66,11 +66,6 @@ def test_a_failing_process_stops_its_sibling(monkeypatch, capsys):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.xfail(
-    reason="known bug (reported): on resume with 2 processes the TRM data iterator refuses the "
-    "saved state: 'iterator state has global_batch_size=64 but this pipeline has 32'",
-    strict=False,
-)
 def test_two_local_processes_train_and_rerun_resumes(tmp_path, capsys):
     """The launcher's real job: 2 processes x 4 CPU devices stand in for 2 hosts; running the
     same command again with a later stop resumes from the checkpoint instead of starting over."""

@@ -136,3 +136,20 @@ def test_trm_export_to_upstream_and_import_back(sudoku_dir, tmp_path):
         np.asarray(table),
         EXACT,
     )
+
+
+def test_resume_with_another_batch_size_is_refused_clearly(sudoku_dir, tmp_path):
+    """Rerunning a run with a changed trainer.global_batch_size fails BEFORE restoring, with a
+    ConfigError naming the key and both values (what the 2-process rerun test hit when the
+    experiment's batch size was edited between its two runs: the data iterator refused its state)."""
+    from train.config import ConfigError
+
+    out = str(tmp_path)
+    over = ["optim.loss_dtype=float32", "trainer.max_steps=1"]
+    mesh = make_mesh(load_config(tiny_trm_overrides(sudoku_dir, out, "r") + over).mesh)
+    train(load_config(tiny_trm_overrides(sudoku_dir, out, "r") + over), mesh)
+    cfg = load_config(
+        tiny_trm_overrides(sudoku_dir, out, "r") + over + ["trainer.global_batch_size=8"]
+    )
+    with pytest.raises(ConfigError, match=r"trainer.global_batch_size=16 \(this run: 8\)"):
+        train(cfg, mesh)

@@ -76,6 +76,12 @@ class Checkpointer:
             step, args=ocp.args.Composite(**items), metrics=metrics, force=force
         )
 
+    def read_meta(self, step: int) -> dict:
+        """Only the small meta item of a step (checked before the state is restored)."""
+        return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
+            "meta"
+        ]
+
     def restore(self, step: int, abstract_state, data_iter=None):
         """Restores onto the shardings in `abstract_state`; the iterator is restored in place.
 

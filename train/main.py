@@ -22,9 +22,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     try:
         cfg = load_config(sys.argv[1:] if argv is None else argv)
+        return train(cfg, make_mesh(cfg.mesh))  # raises ConfigError when it cannot resume
     except ConfigError as e:
         sys.exit(f"error: {e}")  # exit status 1, no traceback: it is the user's input
-    return train(cfg, make_mesh(cfg.mesh))
 
 
 if __name__ == "__main__":

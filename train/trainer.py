@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 
 from train import step as step_lib
 from train.checkpoint import Checkpointer
+from train.config import ConfigError
 from train.metrics import MetricLogger
 from train.task import peak_flops
 
@@ -49,6 +50,7 @@ def train(cfg, mesh) -> dict:
     step, meta = 0, {}
     latest = ckpt.latest_step() if cfg.run.resume else None
     if latest is not None:
+        check_resumable(cfg, ckpt.read_meta(latest), f"{run_dir} step {latest}")
         abstract = step_lib.with_shardings(task.abstract_state, task.state_shardings)
         state, meta = ckpt.restore(latest, abstract, data_iter)
         step = int(meta["step"])
@@ -94,7 +96,7 @@ def train(cfg, mesh) -> dict:
             at_step,
             state,
             data_iter,
-            meta={"step": at_step, "best": best},
+            meta={"step": at_step, "best": best, "resume": resume_settings(cfg)},
             metrics=numeric or None,
             force=True,
         )
@@ -155,6 +157,35 @@ def train(cfg, mesh) -> dict:
         with open(os.path.join(run_dir, "final.json"), "w") as f:
             json.dump({"step": step, **_jsonable(last)}, f)
     return {"step": step, **last}
+
+
+# Settings a checkpoint only makes sense with: the saved state has the batch in it (TRM's ACT carry
+# is [global_batch, ...]) and the data position counts global batches of a seeded plan.
+RESUME_KEYS = ("trainer.global_batch_size", "trainer.gradient_accumulation_steps", "run.seed")
+
+
+def resume_settings(cfg) -> dict:
+    return {k: OmegaConf.select(cfg, k) for k in RESUME_KEYS}
+
+
+def check_resumable(cfg, meta: dict, where: str) -> None:
+    """ConfigError when this run changed a setting the checkpoint depends on.
+
+    Without it the failure surfaces deep inside the restore (the data iterator refusing its state,
+    or a carry shape mismatch); a changed batch size between a run and its rerun is an easy mistake
+    (docs/training.md, trap "resume with another batch size").
+    """
+    saved = meta.get("resume") or {}  # checkpoints written before this check have none
+    now = resume_settings(cfg)
+    diff = [
+        f"{k}={saved[k]!r} (this run: {now[k]!r})" for k in now if k in saved and saved[k] != now[k]
+    ]
+    if diff:
+        raise ConfigError(
+            f"cannot resume {where}: it was written with {', '.join(diff)}; the saved state and "
+            "data position depend on these. Rerun with the saved values, or start a new run "
+            "(another run.name)"
+        )
 
 
 # Test hook (tests/test_train_resume.py): the process kills ITSELF with SIGKILL at this step, i.e.
