@@ -107,3 +107,12 @@ def test_mesh_presets():
     mesh = make_mesh(cfg.mesh)  # cpu preset: all 8 test devices on fsdp, Auto axis types
     assert dict(mesh.shape) == {"data": 1, "fsdp": 8, "tensor": 1}
     assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
+
+
+def test_x64_is_needed_only_for_trm_with_the_float64_loss():
+    """train.trainer, train.aot and train.export share one decision (train.trm_task.needs_x64)."""
+    from train.trm_task import needs_x64
+
+    assert needs_x64(load_config(["+experiment=trm_sudoku_tiny"]))  # upstream's default loss
+    assert not needs_x64(load_config(["+experiment=trm_sudoku_tiny", "optim.loss_dtype=float32"]))
+    assert not needs_x64(load_config(["+experiment=gpt_shakespeare_char_tiny"]))

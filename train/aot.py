@@ -261,16 +261,14 @@ def aot_compile(
 ) -> AOTReport:
     """Compose the config, build the real step on the topology's mesh, compile, analyse."""
     devices = topology_devices(topology)
-    import jax
 
     from train import mesh as mesh_lib
     from train.compose import load_config
     from train.step import build_train_step, make_task
+    from train.trm_task import enable_x64_if_needed
 
     cfg = load_config(list(overrides))  # exactly as train.main composes and validates it
-    if cfg.task == "trm" and cfg.optim.get("loss_dtype", "float64") == "float64":
-        # as train.trainer.train: upstream's stablemax loss runs in float64
-        jax.config.update("jax_enable_x64", True)
+    enable_x64_if_needed(cfg)  # as train.trainer.train: TRM's float64 stablemax loss
     mesh = mesh_lib.make_mesh(cfg.mesh, devices=devices)
     # need_data=False: sizes that come from the dataset (vocab, seq_len, ids) come from the config
     task = make_task(cfg, mesh, need_data=False)

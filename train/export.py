@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import os
 
-import jax
 from omegaconf import OmegaConf
 
 from train import step as step_lib
 from train.checkpoint import Checkpointer
 from train.config import validate
 from train.mesh import make_mesh
+from train.trm_task import enable_x64_if_needed
 
 
 def load_run_state(run_dir: str, step: int | None = None):
@@ -29,8 +29,7 @@ def load_run_state(run_dir: str, step: int | None = None):
     cfg = OmegaConf.load(os.path.join(run_dir, "config.yaml"))
     OmegaConf.set_struct(cfg, True)
     validate(cfg)
-    if cfg.task == "trm" and cfg.optim.get("loss_dtype", "float64") == "float64":
-        jax.config.update("jax_enable_x64", True)
+    enable_x64_if_needed(cfg)  # as the run did (TRM float64 loss)
     mesh = make_mesh(cfg.mesh)
     task = step_lib.make_task(cfg, mesh)
     ckpt = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.checkpoint)

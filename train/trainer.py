@@ -24,6 +24,7 @@ from train.checkpoint import Checkpointer
 from train.config import ConfigError
 from train.metrics import MetricLogger
 from train.task import peak_flops
+from train.trm_task import enable_x64_if_needed
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +36,7 @@ def run_dir_of(cfg) -> str:
 def train(cfg, mesh) -> dict:
     """Runs (or resumes) the experiment `cfg` on `mesh`; returns the last logged metrics."""
     run_dir = run_dir_of(cfg)
-    if cfg.task == "trm" and cfg.optim.get("loss_dtype", "float64") == "float64":
-        # upstream's stablemax loss runs in float64; every other TRM dtype is set explicitly
-        jax.config.update("jax_enable_x64", True)
+    enable_x64_if_needed(cfg)  # TRM: upstream's stablemax loss runs in float64
     task = step_lib.make_task(cfg, mesh)
     config_dict = OmegaConf.to_container(cfg, resolve=True)
     if jax.process_index() == 0:  # only process 0 writes files outside Orbax

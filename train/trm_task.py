@@ -37,6 +37,21 @@ log = logging.getLogger(__name__)
 _TRAINER_FIELDS = ("global_batch_size", "total_steps")
 
 
+def needs_x64(cfg) -> bool:
+    """True for a TRM run with upstream's float64 stablemax loss (optim.loss_dtype, default
+    float64): that needs jax x64; every other TRM dtype is set explicitly."""
+    return cfg.task == "trm" and cfg.optim.get("loss_dtype", "float64") == "float64"
+
+
+def enable_x64_if_needed(cfg) -> bool:
+    """Turns jax x64 on when `needs_x64(cfg)`. Process-wide, so call it before building the task
+    (train.trainer.train, train.aot and train.export do). Returns whether it did."""
+    if needs_x64(cfg):
+        jax.config.update("jax_enable_x64", True)
+        return True
+    return False
+
+
 def optim_config(cfg, total_steps: int = 1):
     """C's TRMOptimConfig from cfg.optim (+ batch size and schedule length from the trainer)."""
     from models.trm.train_step import TRMOptimConfig
@@ -92,7 +107,7 @@ class TRMTask(Task):
         if self.optim.loss_dtype == "float64" and not jax.config.jax_enable_x64:
             raise ValueError(
                 "optim.loss_dtype=float64 (upstream's stablemax dtype) needs jax x64; the trainer "
-                "enables it for TRM runs (train.trainer.train), or set optim.loss_dtype=float32"
+                "enables it for TRM runs (train.trm_task.enable_x64_if_needed), or set optim.loss_dtype=float32"
             )
         self.items_per_step = self.batch
         from train.flops import trm_flops_per_step
