@@ -116,3 +116,11 @@ def test_x64_is_needed_only_for_trm_with_the_float64_loss():
     assert needs_x64(load_config(["+experiment=trm_sudoku_tiny"]))  # upstream's default loss
     assert not needs_x64(load_config(["+experiment=trm_sudoku_tiny", "optim.loss_dtype=float32"]))
     assert not needs_x64(load_config(["+experiment=gpt_shakespeare_char_tiny"]))
+
+
+@pytest.mark.parametrize("experiment", ["trm_sudoku_tiny", "hrm_sudoku"])
+def test_remat_and_scan_are_plain_overrides(experiment):
+    """configs/model/{trm,hrm}.yaml list remat/scan, so no leading '+' is needed."""
+    cfg = load_config([f"+experiment={experiment}", "model.remat=true", "model.scan=true"])
+    assert cfg.model.remat is True and cfg.model.scan is True
+    assert load_config([f"+experiment={experiment}"]).model.remat is False
