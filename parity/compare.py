@@ -59,13 +59,20 @@ class Comparison:
     expected_at_worst: float
     tolerance: Tolerance
     passed: bool
+    scale: float = 0.0  # max|expected|
+
+    @property
+    def scale_rel(self) -> float:
+        """max|actual - expected| / max|expected|: the error the default bound limits to rtol."""
+        return self.max_abs / self.scale if self.scale > 0 else self.max_abs
 
     def message(self) -> str:
         status = "ok" if self.passed else "MISMATCH"
         return (
             f"{status} {self.name} shape={self.shape} tol={self.tolerance.name}"
             f"(rtol={self.tolerance.rtol:g}, atol={'scale' if self.tolerance.atol is None else self.tolerance.atol})"
-            f" max_abs={self.max_abs:.3e} max_rel={self.max_rel:.3e} worst_index={self.worst_index}"
+            f" max_abs={self.max_abs:.3e} rel_to_scale={self.scale_rel:.3e} max_rel={self.max_rel:.3e}"
+            f" worst_index={self.worst_index}"
             f" actual={self.actual_at_worst!r} expected={self.expected_at_worst!r}"
             + (f"  [{self.tolerance.why}]" if self.tolerance.why and not self.passed else "")
         )
@@ -120,6 +127,7 @@ def compare(name: str, actual, expected, tol: Tolerance) -> Comparison:
         expected_at_worst=float(e64[worst]),
         tolerance=tol,
         passed=passed,
+        scale=scale,
     )
 
 
@@ -145,12 +153,19 @@ def assert_all_close(
 
 
 def format_table(rows: list[Comparison]) -> str:
-    """A fixed-width table for the `python -m parity` reports."""
-    head = f"{'tensor':<48} {'shape':<18} {'max abs':>10} {'max rel':>10} {'tol':>10}  result"
+    """A fixed-width table for the `python -m parity` reports.
+
+    `rel/scale` is max|a - e| / max|e|, the quantity the default bound limits to `tol`;
+    `max rel` is the largest element-wise relative error, large wherever an entry is near zero.
+    """
+    head = (
+        f"{'tensor':<48} {'shape':<18} {'max abs':>10} {'rel/scale':>10} {'max rel':>10}"
+        f" {'tol':>10}  result"
+    )
     lines = [head, "-" * len(head)]
     for c in rows:
         lines.append(
-            f"{c.name:<48} {str(c.shape):<18} {c.max_abs:>10.2e} {c.max_rel:>10.2e} "
+            f"{c.name:<48} {str(c.shape):<18} {c.max_abs:>10.2e} {c.scale_rel:>10.2e} {c.max_rel:>10.2e} "
             f"{c.tolerance.rtol:>10.0e}  {'pass' if c.passed else 'FAIL'}"
         )
     n_bad = sum(not c.passed for c in rows)
