@@ -45,7 +45,15 @@ def test_trm_same_losses_on_1_and_8_devices(sudoku_dir, tmp_path):
     q1 = _curve(os.path.join(out, "one"), "train/q_halt_loss")
     q8 = _curve(os.path.join(out, "eight"), "train/q_halt_loss")
     assert_close("train/q_halt_loss 8 devices vs 1", q8, q1, FLOAT32)
+    g1, g8 = (_curve(os.path.join(out, n), "train/grad_norm") for n in ("one", "eight"))
+    assert_close("train/grad_norm 8 devices vs 1", g8, g1, FLOAT32)
     records = read_jsonl(os.path.join(out, "one", "metrics.jsonl"))
+    norms = [
+        (r["train/grad_norm"], r["train/puzzle_emb_grad_norm"])
+        for r in records
+        if "train/grad_norm" in r
+    ]
+    assert len(norms) == 4 and all(g > 0 and e > 0 for g, e in norms), norms
     evals = [r["step"] for r in records if "eval/all/exact_accuracy" in r]
     assert evals == [2, 4], evals  # after each upstream iteration (2 batches of 16 of 40 groups)
 

@@ -132,6 +132,20 @@ def test_training_trajectory_matches_torch_float64(x64):
     )
     ema = EMAHelper(mu=opt.ema_rate)
     ema.register(head)
+    # The gradient norms the JAX step logs, read on the torch side just before each optimizer
+    # step (train_batch zeroes the grads right after it).
+    torch_norms = {}
+
+    def _norm(tensors):
+        grads = [t.grad.reshape(-1) for t in tensors if t.grad is not None]
+        return float(torch.linalg.vector_norm(torch.cat(grads))) if grads else 0.0
+
+    sign_sgd.register_step_pre_hook(
+        lambda *_: torch_norms.update(puzzle_emb_grad_norm=_norm([pe.local_weights]))
+    )
+    adam.register_step_pre_hook(
+        lambda *_: torch_norms.update(grad_norm=_norm(list(head.parameters())))
+    )
 
     # --- JAX -------------------------------------------------------------------------------
     graphdef, state = init_train_state(model, opt)
@@ -213,6 +227,8 @@ def test_training_trajectory_matches_torch_float64(x64):
                 out["q_halt_loss"],
                 TRAJECTORY_F64,
             )
+            for key in ("grad_norm", "puzzle_emb_grad_norm"):
+                assert_close(f"step{step} {key}", metrics[key], torch_norms[key], TRAJECTORY_F64)
             for key in ("count", "exact_accuracy", "q_halt_accuracy", "steps"):
                 assert_close(f"step{step} {key}", metrics[key], out[key], EXACT)
             # upstream sums accuracy in float32 (is_correct.to(float32) / divisor): float32's bound

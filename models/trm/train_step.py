@@ -147,8 +147,10 @@ def train_step(
     """One upstream train_batch + EMA update. Returns (state, carry, metrics).
 
     `metrics` holds act_loss's raw batch sums (count, accuracy, exact_accuracy, q_halt_accuracy,
-    steps, lm_loss, q_halt_loss) plus `lr` and `puzzle_emb_lr`, all jnp scalars; on a skipped
-    step (step > total_steps) the sums are zeros. `exploration` is passed to the model (see TRM).
+    steps, lm_loss, q_halt_loss) plus `lr`, `puzzle_emb_lr`, `grad_norm` (global L2 norm of the
+    nnx.Param gradients of the 1/global_batch-scaled loss) and `puzzle_emb_grad_norm` (of the
+    gathered puzzle rows' gradients; absent without a puzzle table), all jnp scalars; on a skipped
+    step (step > total_steps) the sums and norms are zeros. `exploration` is passed to the model (see TRM).
     """
     from models.trm import act_loss
 
@@ -181,6 +183,12 @@ def train_step(
             delta = jnp.zeros((batch_rows, table.shape[-1]), table.dtype)
         grad_fn = jax.grad(loss_fn, argnums=(0, 1), has_aux=True)
         (grads, delta_grad), (new_carry, metrics, rest) = grad_fn(state.params, delta)
+        # Global L2 norms (torch clip_grad_norm_'s total norm; nothing is clipped, upstream does
+        # not clip): of the nnx.Param grads, and of the gathered puzzle rows' grads (the
+        # `local_weights.grad` SignSGD reads, duplicates of an id counted per row).
+        metrics = dict(metrics, grad_norm=optax.global_norm(grads))
+        if delta_grad is not None:
+            metrics["puzzle_emb_grad_norm"] = optax.global_norm(delta_grad)
 
         new_table = state.table
         if table is not None:  # SignSGD first (upstream's optimizer order)
@@ -221,7 +229,7 @@ def train_step(
 
 
 # Logged as they are: not batch sums.
-_NOT_SUMS = ("lr", "puzzle_emb_lr")
+_NOT_SUMS = ("lr", "puzzle_emb_lr", "grad_norm", "puzzle_emb_grad_norm")
 
 
 def normalize_train_metrics(metrics: dict, global_batch_size: int) -> dict:
