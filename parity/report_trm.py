@@ -7,6 +7,7 @@ same weights, batches, intermediate capture on both sides).
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import sys
 
@@ -212,12 +213,21 @@ def one_step_comparisons(head, model, batch_np, tol):
             f"{[n for n, _ in jt]}\n{[n for n, _ in tt]}"
         )
     rows = []
+    # A block runs once per L step: number repeated names ("... [2/6]" = second L step) so every
+    # row of the table names one tensor.
+    total = collections.Counter(n for n, _ in jt)
+    seen = collections.Counter()
     for (jn, jv), (tn, tv) in zip(jt, tt, strict=True):
         if not jn.endswith(tn):
             raise AssertionError(f"capture order differs: JAX {jn!r} vs torch {tn!r}")
+        seen[jn] += 1
+        label = f"{jn} [{seen[jn]}/{total[jn]}]" if total[jn] > 1 else jn
         rows.append(
             compare(
-                jn, np.asarray(jv.astype("float32") if str(jv.dtype) == "bfloat16" else jv), tv, tol
+                label,
+                np.asarray(jv.astype("float32") if str(jv.dtype) == "bfloat16" else jv),
+                tv,
+                tol,
             )
         )
     return rows
