@@ -46,10 +46,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import time
-import urllib.error
-import urllib.request
 import warnings
 from pathlib import Path
 
@@ -62,6 +59,7 @@ from data.augment import (
     dihedral_transform,
     random_colour_permutation,
 )
+from data.download import fetch
 from data.puzzle_format import PuzzleArrays, make_metadata, write_dataset
 
 GRID = 30
@@ -155,16 +153,7 @@ def download(subsets, cache_dir) -> str:
             if dest.exists():
                 continue
             url = UPSTREAM_URL.format(subset=subset, kind=kind)
-            tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
-            try:
-                with urllib.request.urlopen(url, timeout=120) as r, open(tmp, "wb") as f:
-                    f.write(r.read())
-            except (urllib.error.URLError, OSError) as e:
-                tmp.unlink(missing_ok=True)
-                raise RuntimeError(
-                    f"could not download {url} ({e}); offline? pass --input-file-prefix"
-                ) from e
-            os.replace(tmp, dest)
+            fetch(url, dest, offline_hint="pass --input-file-prefix")
     return str(cache_dir / "arc-agi")
 
 

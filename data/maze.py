@@ -27,10 +27,7 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +35,7 @@ from scipy import ndimage
 from tqdm import tqdm
 
 from data.augment import dihedral_transform
+from data.download import fetch
 from data.puzzle_format import PuzzleArrays, load_split, make_metadata, write_dataset
 
 CHARSET = "# SGo"  # token id = 1 + index; 0 is PAD
@@ -123,24 +121,11 @@ def read_csv(path) -> tuple[np.ndarray, np.ndarray]:
 
 def download(filename: str, dest_dir: Path, repo: str = HF_REPO) -> Path:
     url = HF_URL.format(repo=repo, filename=filename)
-    dest = Path(dest_dir) / filename
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
-    try:
-        with urllib.request.urlopen(url, timeout=120) as r, open(tmp, "wb") as f:
-            total = int(r.headers.get("Content-Length") or 0) or None
-            with tqdm(total=total, unit="B", unit_scale=True, desc=filename) as bar:
-                while chunk := r.read(1 << 20):
-                    f.write(chunk)
-                    bar.update(len(chunk))
-    except (urllib.error.URLError, OSError) as e:
-        tmp.unlink(missing_ok=True)
-        raise RuntimeError(
-            f"could not download {url} ({e}); offline? pass --source with train.csv/test.csv "
-            "or an upstream-built data set folder"
-        ) from e
-    os.replace(tmp, dest)
-    return dest
+    return fetch(
+        url,
+        Path(dest_dir) / filename,
+        offline_hint="pass --source with train.csv/test.csv or an upstream-built data set folder",
+    )
 
 
 def _load_source(source, cache_dir: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], str]:

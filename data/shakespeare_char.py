@@ -18,13 +18,12 @@ import argparse
 import os
 import pickle
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
+from data.download import fetch
 from data.text_source import write_meta_json, write_token_bin
 
 CHAR_RNN_URL = (
@@ -34,17 +33,7 @@ TRAIN_FRACTION = 0.9
 
 
 def download(url: str, dest: Path) -> Path:
-    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
-    try:
-        with urllib.request.urlopen(url, timeout=60) as r, open(tmp, "wb") as f:
-            f.write(r.read())
-    except (urllib.error.URLError, OSError) as e:
-        tmp.unlink(missing_ok=True)
-        raise RuntimeError(
-            f"could not download {url} ({e}); offline? pass --input path/to/input.txt"
-        ) from e
-    os.replace(tmp, dest)
-    return dest
+    return fetch(url, dest, offline_hint="pass --input path/to/input.txt")
 
 
 def encode(text: str, stoi: dict[str, int]) -> np.ndarray:

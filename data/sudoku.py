@@ -37,12 +37,11 @@ import dataclasses
 import os
 import sys
 import time
-import urllib.error
-import urllib.request
 
 import numpy as np
 
 from data import sudoku_solver
+from data.download import fetch
 from data.puzzle_format import PuzzleArrays, load_split, make_metadata, write_dataset
 from data.sudoku_solver import count_solutions, generate_puzzles, solve  # noqa: F401 (re-exported)
 
@@ -119,30 +118,9 @@ def download_sudoku_csv(
     dest = os.path.join(cache_dir, name)
     if os.path.isfile(dest):
         return dest
-    os.makedirs(cache_dir, exist_ok=True)
     url = HF_URL.format(repo=HF_REPO, file=name)
-    tmp = dest + f".part-{os.getpid()}"
-    try:
-        with urllib.request.urlopen(url, timeout=60) as resp, open(tmp, "wb") as out:
-            total = int(resp.headers.get("Content-Length") or 0) or None
-            bar = _tqdm(
-                None, progress, total=total, desc=f"download {name}", unit="B", unit_scale=True
-            )
-            while chunk := resp.read(1 << 20):
-                out.write(chunk)
-                if bar is not None:
-                    bar.update(len(chunk))
-            if bar is not None:
-                bar.close()
-        os.replace(tmp, dest)  # a cut-off download never looks complete
-    except (urllib.error.URLError, OSError) as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise RuntimeError(
-            f"could not download {url} ({e}). Offline? Use --csv-dir DIR (with train.csv/test.csv), "
-            "--input-upstream DIR, or --generate N to make puzzles locally."
-        ) from e
-    return dest
+    hint = "Use --csv-dir DIR (with train.csv/test.csv), --input-upstream DIR, or --generate N."
+    return str(fetch(url, dest, offline_hint=hint, progress=progress))
 
 
 def read_upstream_sudoku(root: str, split: str) -> SudokuRecords:
