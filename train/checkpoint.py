@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 from orbax.checkpoint import checkpoint_managers as cm
+
+from train.metrics import is_local
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +34,10 @@ class Checkpointer:
     """Thin wrapper with a v1-shaped surface: save(step, state, data_iter), restore(...)."""
 
     def __init__(self, directory: str, ckpt_cfg):
-        self.directory = os.path.abspath(directory)
+        # Local or a bucket URL (gs://...): Orbax takes either as an epath.Path.
+        self.directory = epath.Path(directory)
+        if is_local(directory):
+            self.directory = self.directory.resolve()
         best = ckpt_cfg.best_metric
         policies = [cm.preservation_policy.LatestN(n=int(ckpt_cfg.keep_last))]
         if ckpt_cfg.keep_best and best:
@@ -93,10 +98,9 @@ class Checkpointer:
             "state": ocp.args.StandardRestore(abstract_state),
             "meta": ocp.args.JsonRestore(),
         }
-        data_dir = os.path.join(self.directory, str(step), "data")
         own_file = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
         if _has_grain_state(data_iter):
-            if os.path.exists(os.path.join(data_dir, own_file)):
+            if (self.directory / str(step) / "data" / own_file).exists():
                 import grain
 
                 items["data"] = grain.checkpoint.CheckpointRestore(data_iter)

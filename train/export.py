@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from etils import epath
 from omegaconf import OmegaConf
 
 from train import step as step_lib
@@ -26,13 +27,14 @@ from train.trm_task import enable_x64_if_needed
 
 def load_run_state(run_dir: str, step: int | None = None):
     """(cfg, task, state, step) restored from <run_dir>/checkpoints on this process's devices."""
-    cfg = OmegaConf.load(os.path.join(run_dir, "config.yaml"))
+    run_dir = epath.Path(run_dir)  # local or gs://
+    cfg = OmegaConf.create((run_dir / "config.yaml").read_text())
     OmegaConf.set_struct(cfg, True)
     validate(cfg)
     enable_x64_if_needed(cfg)  # as the run did (TRM float64 loss)
     mesh = make_mesh(cfg.mesh)
     task = step_lib.make_task(cfg, mesh)
-    ckpt = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.checkpoint)
+    ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint)
     step = ckpt.latest_step() if step is None else step
     if step is None:
         raise FileNotFoundError(f"{run_dir}/checkpoints holds no checkpoint")

@@ -1,6 +1,10 @@
 """Metric sinks (JSONL always, wandb on process 0, a console line / tqdm bar) and the one-step-late
 reader that keeps the host from waiting on the device.
 
+The run directory may be local or a bucket (`run.out_dir=gs://...`): every file operation goes through
+`etils.epath.Path`, which Orbax uses too. Object stores cannot append, so there `metrics.jsonl` is
+kept in memory and rewritten whole at every `sync()` (each eval, checkpoint and the end).
+
 `MetricLogger.push(step, device_metrics, host_metrics)` stores the jax arrays of step N and only
 converts the PREVIOUS push to floats, i.e. after step N has been dispatched; by then step N-1 has
 finished, so `device_get` returns at once and the device queue never drains (MaxText's
@@ -17,6 +21,7 @@ import time
 
 import jax
 import numpy as np
+from etils import epath
 
 
 def _to_float(v):
@@ -24,8 +29,46 @@ def _to_float(v):
     return float(v) if v.size == 1 else v.tolist()
 
 
+def is_local(path) -> bool:
+    """False for a URL-style path (gs://, s3://, ...), which epath handles through its backends."""
+    return "://" not in str(path)
+
+
+class JsonlFile:
+    """Append-only JSON-lines file: a real append on a local disk (flushed per line, so a killed
+    run keeps what it logged), a whole-file rewrite per `sync()` on an object store."""
+
+    def __init__(self, path, *, rewrite: bool | None = None):
+        self.path = epath.Path(path)
+        self.rewrite = not is_local(path) if rewrite is None else rewrite
+        if self.rewrite:
+            self.lines = [self.path.read_text()] if self.path.exists() else []
+            self.dirty = False
+        else:
+            self.f = open(self.path, "a")  # noqa: SIM115
+
+    def write(self, record: dict):
+        line = json.dumps(record) + "\n"
+        if self.rewrite:
+            self.lines.append(line)
+            self.dirty = True
+        else:
+            self.f.write(line)
+            self.f.flush()
+
+    def sync(self):
+        if self.rewrite and self.dirty:
+            self.path.write_text("".join(self.lines))
+            self.dirty = False
+
+    def close(self):
+        self.sync()
+        if not self.rewrite:
+            self.f.close()
+
+
 class MetricLogger:
-    def __init__(self, run_dir: str, cfg, run_id: str, config_dict: dict, total_steps: int):
+    def __init__(self, run_dir, cfg, run_id: str, config_dict: dict, total_steps: int):
         self.is_main = jax.process_index() == 0
         self.pending = None
         self.wandb_run = None
@@ -34,9 +77,10 @@ class MetricLogger:
         self.last_console = 0.0
         if not self.is_main:
             return
-        os.makedirs(run_dir, exist_ok=True)
+        run_dir = epath.Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
         if cfg.logging.jsonl:
-            self.jsonl = open(os.path.join(run_dir, "metrics.jsonl"), "a")  # noqa: SIM115
+            self.jsonl = JsonlFile(run_dir / "metrics.jsonl")
         mode = cfg.logging.wandb
         if mode == "auto":
             mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
@@ -51,7 +95,7 @@ class MetricLogger:
                 name=run_id,
                 id=run_id.replace("/", "-"),
                 resume="allow",
-                dir=run_dir,
+                dir=_wandb_dir(run_dir, run_id),
                 mode=mode,
                 config=config_dict,
             )
@@ -70,6 +114,12 @@ class MetricLogger:
         if self.pending is not None:
             self._write(*self.pending)
             self.pending = None
+        self.sync()
+
+    def sync(self):
+        """Make what was written so far durable (object stores: rewrite metrics.jsonl)."""
+        if self.jsonl is not None:
+            self.jsonl.sync()
 
     def write_now(self, step: int, metrics: dict):
         """Immediately write host-side metrics (eval results: already on the host)."""
@@ -85,8 +135,7 @@ class MetricLogger:
         )
         record = {"step": int(step), **record}
         if self.jsonl is not None:
-            self.jsonl.write(json.dumps(record) + "\n")
-            self.jsonl.flush()
+            self.jsonl.write(record)
         if self.wandb_run is not None:
             self.wandb_run.log({k: v for k, v in record.items() if k != "step"}, step=int(step))
         self._console(record)
@@ -130,10 +179,20 @@ class MetricLogger:
             self.wandb_run.finish()
 
 
-def read_jsonl(path: str) -> list[dict]:
-    """All records of a metrics.jsonl (tests and tools)."""
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+def read_jsonl(path) -> list[dict]:
+    """All records of a metrics.jsonl (tests and tools; local or gs://)."""
+    return [json.loads(line) for line in epath.Path(path).read_text().splitlines() if line.strip()]
+
+
+def _wandb_dir(run_dir, run_id: str) -> str:
+    """wandb writes its files with plain os calls: the run dir when local, else a local folder."""
+    if is_local(run_dir):
+        return str(run_dir)
+    local = os.path.join(
+        os.path.expanduser("~"), ".cache", "trm-jax-wandb", run_id.replace("/", "-")
+    )
+    os.makedirs(local, exist_ok=True)
+    return local
 
 
 class StepTimer:

@@ -17,6 +17,7 @@ import time
 
 import jax
 import numpy as np
+from etils import epath
 from omegaconf import OmegaConf
 
 from train import step as step_lib
@@ -29,8 +30,9 @@ from train.trm_task import enable_x64_if_needed
 log = logging.getLogger(__name__)
 
 
-def run_dir_of(cfg) -> str:
-    return os.path.join(cfg.run.out_dir, cfg.run.name)
+def run_dir_of(cfg) -> epath.Path:
+    """<run.out_dir>/<run.name>: a local path or a bucket URL (gs://...), through etils.epath."""
+    return epath.Path(cfg.run.out_dir) / cfg.run.name
 
 
 def train(cfg, mesh) -> dict:
@@ -40,11 +42,10 @@ def train(cfg, mesh) -> dict:
     task = step_lib.make_task(cfg, mesh)
     config_dict = OmegaConf.to_container(cfg, resolve=True)
     if jax.process_index() == 0:  # only process 0 writes files outside Orbax
-        os.makedirs(run_dir, exist_ok=True)
-        with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-            f.write(OmegaConf.to_yaml(cfg, resolve=True))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
 
-    ckpt = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.checkpoint)
+    ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint)
     data_iter = task.train_iterator()
     step, meta = 0, {}
     latest = ckpt.latest_step() if cfg.run.resume else None
@@ -99,6 +100,7 @@ def train(cfg, mesh) -> dict:
             metrics=numeric or None,
             force=True,
         )
+        logger.sync()  # metrics up to a checkpoint survive with it (gs://: one rewrite)
 
     if t.eval_at_start and step == 0:
         do_eval(0)
@@ -153,8 +155,7 @@ def train(cfg, mesh) -> dict:
     ckpt.close()
     logger.close()
     if jax.process_index() == 0:
-        with open(os.path.join(run_dir, "final.json"), "w") as f:
-            json.dump({"step": step, **_jsonable(last)}, f)
+        (run_dir / "final.json").write_text(json.dumps({"step": step, **_jsonable(last)}))
     return {"step": step, **last}
 
 

@@ -284,6 +284,12 @@ class TRMTask(Task):
         out["eval/all/count"] = float(total["count"])
         if evaluator is not None:
             save = os.path.join(self.cfg.run.out_dir, self.cfg.run.name, f"arc_step_{step}")
+            if "://" in save:  # data.arc_eval writes with plain file calls: keep it local
+                home = os.path.expanduser("~")
+                save = os.path.join(
+                    home, ".cache", "trm-jax-arc", self.cfg.run.name, f"arc_step_{step}"
+                )
+                log.info("ARC submission for a %s run dir goes to %s", self.cfg.run.out_dir, save)
             arc = evaluator.result(save)  # collective: every process calls it; None off process 0
             out.update({f"eval/{k}": float(v) for k, v in (arc or {}).items()})
         return out
