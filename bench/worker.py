@@ -52,6 +52,14 @@ def prepare_env(impl: str, device: str, threads: int | None = None) -> None:
         os.environ["JAX_PLATFORMS"] = "cuda" if device == "gpu" else "cpu"
         # Two processes share one GPU: do not let XLA grab 75% of it up front.
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    if impl == "torch_compile" and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        # Cold compile, like the JAX side (which has no persistent cache): inductor and triton
+        # otherwise reuse kernels from earlier runs in /tmp and report a warm compile time.
+        import tempfile
+
+        fresh = tempfile.mkdtemp(prefix="bench_inductor_")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = fresh
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(fresh, "triton")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
