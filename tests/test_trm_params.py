@@ -119,3 +119,64 @@ def _count(cfg):
 def test_parameter_counts_match_upstream(overrides, expected):
     cfg = TRMConfig(batch_size=768, seq_len=81, puzzle_emb_ndim=512, vocab_size=11, **overrides)
     assert _count(cfg) == expected
+
+
+def test_eager_init_equals_traced():
+    """Eager construction draws its truncated normals from power-of-two buckets (one compile per
+    bucket instead of per shape, models/trm/layers.py::trunc_normal); the values are EXACTLY those
+    of the traced draw the trainer makes under jit, for every weight, buffer and RNG state."""
+    import jax
+
+    from models.trm.layers import trunc_normal
+
+    cfg = TRMConfig(
+        batch_size=2, seq_len=9, vocab_size=11, num_puzzle_identifiers=3, hidden_size=32,
+        num_heads=2, puzzle_emb_ndim=32, puzzle_emb_len=1, H_cycles=2, L_cycles=2,
+        halt_max_steps=3, forward_dtype="bfloat16",
+    )  # fmt: skip
+    eager = TRM(cfg, rngs=nnx.Rngs(params=1, exploration=2))
+    traced = nnx.jit(lambda: TRM(cfg, rngs=nnx.Rngs(params=1, exploration=2)))()
+
+    def leaves(model):
+        out = {}
+        for path, v in nnx.to_flat_state(nnx.state(model)):
+            a = v.get_value()
+            if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+                a = jax.random.key_data(a)
+            out["/".join(map(str, path))] = a
+        return out
+
+    e, t = leaves(eager), leaves(traced)
+    assert e.keys() == t.keys()
+    assert all(e[k].dtype == t[k].dtype for k in e)
+    assert_all_close([(k, e[k], t[k]) for k in e], EXACT)
+    # a shape past the smallest bucket (300 x 300 > 2**16: drawn from 2**17)
+    key = jax.random.key(7)
+    big = trunc_normal(key, (300, 300), 0.05)
+    assert_all_close(
+        [("300x300", big, jax.jit(lambda k: trunc_normal(k, (300, 300), 0.05))(key))], EXACT
+    )
+
+
+def test_init_follows_upstream():
+    """trunc-normal std 1/sqrt(fan_in) cut at 2 std' (std exact after the rescale), q_head weight 0
+    and bias -5, puzzle table zeros, H_init/L_init trunc-normal std 1 in the forward dtype."""
+    import jax
+
+    from models.trm.layers import _TRUNC_STD, trunc_normal
+
+    w = np.asarray(trunc_normal(jax.random.key(0), (300, 300), 0.05))
+    assert abs(w.std() / 0.05 - 1) < 0.02  # 90,000 draws: sampling error ~0.3%
+    assert np.abs(w).max() <= 2 * 0.05 / _TRUNC_STD
+    cfg = TRMConfig(
+        batch_size=2, seq_len=9, vocab_size=11, num_puzzle_identifiers=3, hidden_size=64,
+        num_heads=2, puzzle_emb_ndim=64, puzzle_emb_len=1, forward_dtype="bfloat16",
+    )  # fmt: skip
+    m = TRM(cfg, rngs=nnx.Rngs(0))
+    inner = m.inner
+    assert float(np.abs(np.asarray(inner.q_head.weight[...])).max()) == 0.0
+    assert np.all(np.asarray(inner.q_head.bias[...]) == -5.0)
+    assert float(np.abs(np.asarray(inner.puzzle_emb.weights[...])).max()) == 0.0
+    assert inner.H_init[...].dtype == inner.L_init[...].dtype == jnp.bfloat16
+    lm = np.asarray(inner.lm_head.weight[...])  # (vocab, hidden): fan_in = hidden
+    assert np.abs(lm).max() <= 2 / np.sqrt(64) / _TRUNC_STD

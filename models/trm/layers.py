@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 # Width of a truncated standard normal on [-2, 2]; dividing by it gives samples of std exactly
@@ -28,10 +30,26 @@ class PuzzleTable(nnx.Variable):
 
 
 def trunc_normal(key, shape, std: float, dtype=jnp.float32) -> jax.Array:
+    """Truncated normal on [-2 std', 2 std'] scaled to std exactly (upstream trunc_normal_init_)."""
     if std == 0:
         return jnp.zeros(shape, dtype)
-    x = jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32) * (std / _TRUNC_STD)
-    return x.astype(dtype)
+    if isinstance(key, jax.core.Tracer) or not jax.config.jax_threefry_partitionable:
+        x = jax.random.truncated_normal(key, -2.0, 2.0, shape, jnp.float32) * (std / _TRUNC_STD)
+        return x.astype(dtype)
+    # Eager: jax.random's jitted sampler compiles once per SHAPE (~0.5 s each on CPU, most of the
+    # 10 s an eager tiny TRM took to build). With partitionable threefry (the default) element i
+    # of a draw depends only on (key, i), so the first n values of a longer flat draw ARE the draw
+    # of n values: draw a power-of-two bucket (a few compiles, shared by every model) and cut it.
+    # Same values as the traced branch (tests/test_trm_params.py::test_eager_init_equals_traced).
+    n = math.prod(shape)
+    bucket = max(1 << 16, 1 << (n - 1).bit_length())
+    flat = np.asarray(_scaled_trunc_normal(key, bucket, jnp.float32(std / _TRUNC_STD)))
+    return jnp.asarray(flat[:n].reshape(shape).astype(jnp.dtype(dtype)))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _scaled_trunc_normal(key, size: int, scale):
+    return jax.random.truncated_normal(key, -2.0, 2.0, (size,), jnp.float32) * scale
 
 
 def compute_dtype(dtype) -> jnp.dtype:
