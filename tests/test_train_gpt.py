@@ -53,13 +53,18 @@ def test_gpt_same_losses_on_1_and_8_devices(text_dir, tmp_path):
 def test_gpt_kill_and_resume_is_bit_identical(text_dir, tmp_path):
     """Run 8 steps; separately run with checkpoints every 3 steps and SIGKILL at step 5 (a real
     kill -9: no clean exit), relaunch -> resumes from step 3 and reproduces the curve EXACTLY
-    (params, Adam moments, step, dropout RNG and the Grain iterator all come back)."""
+    (params, Adam moments, step, dropout RNG and the Grain iterator all come back).
+
+    With dropout 0.1 AND 2 accumulation micro-steps: dropout runs inside the accumulation scan
+    (models/gpt/train_step.py re-merges fresh Variables there; it used to raise TraceContextError)."""
     out = str(tmp_path)
-    base = tiny_gpt_overrides(text_dir, out, "straight")
+    accum = ["trainer.gradient_accumulation_steps=2", "trainer.global_batch_size=16"]
+    base = tiny_gpt_overrides(text_dir, out, "straight") + accum
     _run(base, 8)
     cmd = (
         [sys.executable, "-m", "train.main"]
         + tiny_gpt_overrides(text_dir, out, "killed")
+        + accum
         + ["checkpoint.interval=3"]
     )
     env = dict(os.environ, TRAIN_TEST_SIGKILL_AT_STEP="5")
