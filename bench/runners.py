@@ -106,14 +106,10 @@ class JaxRunner:
         _CompileCounter.install()
         from omegaconf import OmegaConf
 
+        from train.trm_task import enable_x64_if_needed
+
         self.tcfg = OmegaConf.create(self.cfg["trainer_cfg"])
-        if (
-            self.cfg["family"] == "trm"
-            and self.cfg["optim"].get("loss_dtype", "float64") == "float64"
-        ):
-            # as train.trainer does: upstream's stablemax loss is float64 (the model sets its own
-            # dtypes explicitly, so x64 changes nothing else)
-            jax.config.update("jax_enable_x64", True)
+        enable_x64_if_needed(self.tcfg)  # as train.trainer does (upstream's float64 loss)
         self.mesh = mesh_lib.make_mesh(self.tcfg.mesh)
         self.task = make_task(self.tcfg, self.mesh, need_data=False)
         self.step_fn = jit_train_step(self.task)

@@ -52,6 +52,7 @@ def main(argv=None):
     from bench import configs, harness, runners
     from train import mesh as mesh_lib
     from train.step import build_train_step, make_task
+    from train.trm_task import enable_x64_if_needed
 
     cfg = configs.get(args.config)
     if args.batch:
@@ -64,9 +65,8 @@ def main(argv=None):
     built = []
     for ov in variants:
         rc = configs.resolve(cfg, jax_overrides=ov)
-        if rc["family"] == "trm" and rc["optim"].get("loss_dtype", "float64") == "float64":
-            jax.config.update("jax_enable_x64", True)
         tcfg = OmegaConf.create(rc["trainer_cfg"])
+        enable_x64_if_needed(tcfg)
         mesh = mesh_lib.make_mesh(tcfg.mesh)
         task = make_task(tcfg, mesh, need_data=False)
         jitted, abstract = build_train_step(tcfg, mesh, task=task)
