@@ -212,11 +212,16 @@ class JaxTTQ:
         return self.inner.stats()
 
 
-class TorchGPTTTQ:
-    def __init__(self, rc, spec, compile):
-        from bench.runners import TorchGPTRunner
+class _TorchTTQ:
+    """A bench.runners torch runner fed from the time-to-quality data stream; subclasses say how
+    a batch reaches the runner (`_load`), how to read the step's loss, and how to evaluate."""
 
-        self.inner = TorchGPTRunner(rc, spec, compile)
+    runner_name: str
+
+    def __init__(self, rc, spec, compile):
+        from bench import runners
+
+        self.inner = getattr(runners, self.runner_name)(rc, spec, compile)
         self.rc, self.spec = rc, spec
 
     def setup(self):
@@ -225,19 +230,32 @@ class TorchGPTTTQ:
         return info
 
     def run(self, n: int):
-        import torch
-
         from bench.runners import _torch_sync
 
         r = self.inner
         t0 = time.perf_counter()
         for _ in range(n):
-            b = self.data.next()
-            r.x = torch.from_numpy(b["x"]).to(r.dev)
-            r.y = torch.from_numpy(b["y"]).to(r.dev)
+            self._load(self.data.next())
             loss = r._step()
         _torch_sync(r.dev)
-        return time.perf_counter() - t0, float(loss.detach().float().cpu())
+        return time.perf_counter() - t0, self._loss_value(loss)
+
+    def stats(self):
+        return self.inner.stats()
+
+
+class TorchGPTTTQ(_TorchTTQ):
+    runner_name = "TorchGPTRunner"
+
+    def _load(self, b):
+        import torch
+
+        r = self.inner
+        r.x = torch.from_numpy(b["x"]).to(r.dev)
+        r.y = torch.from_numpy(b["y"]).to(r.dev)
+
+    def _loss_value(self, loss) -> float:
+        return float(loss.detach().float().cpu())
 
     def evaluate(self, _arg=None) -> dict:
         import torch
@@ -254,35 +272,17 @@ class TorchGPTTTQ:
         r.model.train()
         return {"val_loss": float(np.mean(losses)), "eval_s": time.perf_counter() - t0}
 
-    def stats(self):
-        return self.inner.stats()
 
+class TorchTRMTTQ(_TorchTTQ):
+    runner_name = "TorchTRMRunner"
 
-class TorchTRMTTQ:
-    def __init__(self, rc, spec, compile):
-        from bench.runners import TorchTRMRunner
-
-        self.inner = TorchTRMRunner(rc, spec, compile)
-        self.rc, self.spec = rc, spec
-
-    def setup(self):
-        info = self.inner.setup()
-        self.data = make_data(self.rc, self.spec)
-        return info
-
-    def run(self, n: int):
+    def _load(self, b):
         import torch
 
-        from bench.runners import _torch_sync
+        self.inner.batch = {k: torch.from_numpy(v).to(self.inner.dev) for k, v in b.items()}
 
-        r = self.inner
-        t0 = time.perf_counter()
-        for _ in range(n):
-            b = self.data.next()
-            r.batch = {k: torch.from_numpy(v).to(r.dev) for k, v in b.items()}
-            loss = r._step()
-        _torch_sync(r.dev)
-        return time.perf_counter() - t0, float(loss.float().cpu()) / self.rc["batch_size"]
+    def _loss_value(self, loss) -> float:
+        return float(loss.float().cpu()) / self.rc["batch_size"]
 
     def evaluate(self, _arg=None) -> dict:
         import torch
@@ -304,9 +304,6 @@ class TorchTRMTTQ:
         out = _trm_eval_metrics(sums)
         out["eval_s"] = time.perf_counter() - t0
         return out
-
-    def stats(self):
-        return self.inner.stats()
 
 
 # ----------------------------------------------------------------------------------------------
