@@ -46,8 +46,9 @@ def _batch(cfg):
 
 def _value_and_grads(cfg, batch):
     model = TRM(cfg, rngs=nnx.Rngs(0))
+    table = model.inner.puzzle_emb.weights[...]
     model.inner.puzzle_emb.weights[...] = jax.random.normal(
-        jax.random.key(2), model.inner.puzzle_emb.weights[...].shape
+        jax.random.key(2), table.shape, table.dtype
     )
     if cfg.forward_dtype == "float64":  # store weights in float64 too: no float32 rounding left
         for _, var in nnx.iter_graph(model):

@@ -186,9 +186,9 @@ def train_step(
         # Global L2 norms (torch clip_grad_norm_'s total norm; nothing is clipped, upstream does
         # not clip): of the nnx.Param grads, and of the gathered puzzle rows' grads (the
         # `local_weights.grad` SignSGD reads, duplicates of an id counted per row).
-        metrics = dict(metrics, grad_norm=optax.global_norm(grads))
+        metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
         if delta_grad is not None:
-            metrics["puzzle_emb_grad_norm"] = optax.global_norm(delta_grad)
+            metrics["puzzle_emb_grad_norm"] = optax.tree.norm(delta_grad)
 
         new_table = state.table
         if table is not None:  # SignSGD first (upstream's optimizer order)
