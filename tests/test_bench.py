@@ -113,6 +113,7 @@ _MICRO_GPT = bench_configs.BenchConfig(
 
 
 def test_two_step_run_writes_complete_record(tmp_path, monkeypatch):
+    pytest.importorskip("torch")  # the PyTorch side of the pair (parity extra)
     monkeypatch.setitem(bench_configs.CONFIGS, "micro_gpt", _MICRO_GPT)
     result = harness.main(
         [
@@ -208,6 +209,7 @@ def test_bench_configs_mirror_the_trainer_experiments():
 
 
 def test_ttq_torch_side_stops_at_target(tmp_path, monkeypatch, shared_data_dir):
+    pytest.importorskip("torch")
     # The driver: same data stream, eval every K steps, stop at the first eval meeting the target.
     from bench import ttq
 
