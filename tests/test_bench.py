@@ -112,29 +112,18 @@ _MICRO_GPT = bench_configs.BenchConfig(
 )
 
 
+def _two_step_run(config: str, out, *extra: str) -> dict:
+    """Two timed steps of JAX vs torch eager, one thread each, no warm-up: a smoke run, not a timing."""
+    return harness.main(
+        ["--configs", config, "--impls", "jax,torch_eager", "--steps", "2", "--warmup", "0",
+         "--inner", "1", "--peak-flops", "1e12", "--threads", "1", *extra, "--out", str(out)]
+    )  # fmt: skip
+
+
 def test_two_step_run_writes_complete_record(tmp_path, monkeypatch):
     pytest.importorskip("torch")  # the PyTorch side of the pair (parity extra)
     monkeypatch.setitem(bench_configs.CONFIGS, "micro_gpt", _MICRO_GPT)
-    result = harness.main(
-        [
-            "--configs",
-            "micro_gpt",
-            "--impls",
-            "jax,torch_eager",
-            "--steps",
-            "2",
-            "--warmup",
-            "0",
-            "--inner",
-            "1",
-            "--peak-flops",
-            "1e12",
-            "--threads",
-            "1",
-            "--out",
-            str(tmp_path),
-        ]  # fmt: skip
-    )
+    result = _two_step_run("micro_gpt", tmp_path)
     on_disk = json.loads((tmp_path / harness.JSON_NAME).read_text())
     assert (tmp_path / harness.PNG_NAME).stat().st_size > 1000
     assert on_disk["results"][0]["config"] == "micro_gpt"
@@ -255,27 +244,7 @@ def test_trm_two_step_run_through_the_trainer_task(tmp_path, monkeypatch):
                    ema=True, ema_rate=0.99, total_steps=100),
     )  # fmt: skip
     monkeypatch.setitem(bench_configs.CONFIGS, "micro_trm", micro)
-    result = harness.main(
-        [
-            "--configs",
-            "micro_trm",
-            "--impls",
-            "jax,torch_eager",
-            "--steps",
-            "2",
-            "--warmup",
-            "0",
-            "--inner",
-            "1",
-            "--peak-flops",
-            "1e12",
-            "--threads",
-            "1",
-            "--no-chart",
-            "--out",
-            str(tmp_path),
-        ]  # fmt: skip
-    )
+    result = _two_step_run("micro_trm", tmp_path, "--no-chart")
     rec = result["results"][0]
     assert rec["schedule"] == ["jax", "torch_eager"] * 3
     for impl in ("jax", "torch_eager"):
