@@ -220,7 +220,9 @@ def _peak_worker(conn, device: str, threads: int | None) -> None:
             conn.send(("ok", (bench_flops.peak_flops_for_device_name(name), f"preset for {name}")))
         else:
             peak = bench_flops.measure_cpu_peak_flops()
-            conn.send(("ok", (peak, "measured: best fp32 1024^3 matmul through XLA on all cores")))
+            cores = bench_flops.cpu_count()  # after prepare_env: the cores a worker may use
+            src = f"measured: best fp32 1024^3 matmul through XLA on {cores} core(s)"
+            conn.send(("ok", (peak, src)))
     except BaseException as e:  # noqa: BLE001
         conn.send(("error", repr(e)))
 
