@@ -5,7 +5,7 @@
 
 Runs the trainer's real step (the same `bench.runners.JaxRunner` the benchmark times), warms it
 up, traces `--steps` steps with `jax.profiler`, and prints the op time per step grouped by XLA
-op name (the numeric suffix dropped: `ynn_fusion.12` -> `ynn_fusion`). Control-flow thunks
+op name (numeric and `.clone` suffixes dropped: `ynn_fusion.12` -> `ynn_fusion`). Control-flow thunks
 (`cond`, `while`, `call`) are containers: their events span their branch's ops, so they are
 left out of the sum and each leaf op is marked `in cond/while` when it ran inside one (summing
 all events double counts; docs/benchmarks.md, "Traps"). `--hlo FILE` writes the optimised HLO
@@ -23,34 +23,40 @@ import re
 import tempfile
 
 _CONTAINERS = ("cond", "while", "call")
-_NOT_OPS = ("$", "Thunk", "Pjit", "CommonPjRt", "ParseArguments")
+
+
+def _op_name(hlo_op: str) -> str:
+    """`ynn_fusion.12` -> `ynn_fusion`, `cond.1.clone` -> `cond`."""
+    return re.sub(r"(\.\d+|\.clone)+$", "", hlo_op)
 
 
 def summarise(trace_file: str, steps: int) -> tuple[float, list[tuple[str, float, int, bool]]]:
-    """(leaf op ms per step, [(op, ms per step, count per step, inside a container)])."""
+    """(leaf op ms per step, [(op, ms per step, count per step, inside a container)]).
+
+    Op events are the ones carrying an `hlo_op` argument (runtime bookkeeping such as
+    `DevicePut` or the thread pool's events has none)."""
     with gzip.open(trace_file) as f:
         events = [
             e
             for e in json.load(f)["traceEvents"]
-            if e.get("ph") == "X" and not e["name"].startswith(_NOT_OPS)
+            if e.get("ph") == "X" and "hlo_op" in (e.get("args") or {})
         ]
-    is_container = [re.sub(r"\.\d+$", "", e["name"]) in _CONTAINERS for e in events]
+    names = [_op_name(e["args"]["hlo_op"]) for e in events]
     spans = collections.defaultdict(list)  # thread -> [(start, end)] of container thunks
-    for e, c in zip(events, is_container):
-        if c:
+    for e, name in zip(events, names):
+        if name in _CONTAINERS:
             spans[e["tid"]].append((e["ts"], e["ts"] + e["dur"]))
     total = collections.Counter()
     count = collections.Counter()
-    for e, c in zip(events, is_container):
-        if c:
+    for e, name in zip(events, names):
+        if name in _CONTAINERS:
             continue
         start, end = e["ts"], e["ts"] + e["dur"]
         inner = any(s <= start and end <= t for s, t in spans[e["tid"]])
-        key = (re.sub(r"\.\d+$", "", e["name"]), inner)
-        total[key] += e["dur"]
-        count[key] += 1
+        total[(name, inner)] += e["dur"]
+        count[(name, inner)] += 1
     rows = [
-        (name, us / steps / 1e3, count[(name, inner)] // steps, inner)
+        (name, us / steps / 1e3, -(-count[(name, inner)] // steps), inner)
         for (name, inner), us in total.most_common()
     ]
     return sum(total.values()) / steps / 1e3, rows

@@ -266,3 +266,34 @@ def test_trm_flops_agree_with_the_trainer_counter():
         ours = flops.trm_flops_per_step(model, batch_size=8)["total"]
         q_head = 8 * 3 * (2 * model["hidden_size"] * 2)
         assert ours - q_head == trm_flops_per_step(TRMConfig(**model, batch_size=8), 8), name
+
+
+def test_profile_summary_counts_leaf_ops_once(tmp_path):
+    """bench.profile sums leaf XLA ops; a cond's event spans its branch's ops, so it is left out
+    and the branch's ops are marked as inside it (summing every event would double count)."""
+    import glob
+
+    import jax
+    import jax.numpy as jnp
+
+    from bench.profile import summarise
+
+    @jax.jit
+    def f(p, a):
+        b = jnp.tanh(a @ a)  # outside the cond
+        return jax.lax.cond(p, lambda x: x @ x + 1.0, lambda x: x - 1.0, b)
+
+    a = jnp.ones((256, 256), jnp.float32)
+    jax.block_until_ready(f(True, a))
+    jax.profiler.start_trace(str(tmp_path))
+    for _ in range(2):
+        jax.block_until_ready(f(True, a))
+    jax.profiler.stop_trace()
+    trace = glob.glob(f"{tmp_path}/**/*.trace.json.gz", recursive=True)[0]
+    leaf_ms, rows = summarise(trace, steps=2)
+    names = {(name, inner) for name, _, _, inner in rows}
+    assert not any(name in ("cond", "while", "call") for name, _ in names), names
+    assert any(inner for _, inner in names), f"no op marked inside the cond: {names}"
+    assert any(not inner for _, inner in names), f"every op marked inside the cond: {names}"
+    assert leaf_ms == pytest.approx(sum(ms for _, ms, _, _ in rows))
+    assert all(n >= 1 for _, _, n, _ in rows)
