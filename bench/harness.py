@@ -503,6 +503,11 @@ def main(argv: list[str] | None = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     device = detect_device() if args.device == "auto" else args.device
+    if device == "gpu" and not _gpu_names():
+        raise SystemExit(
+            "bench: --device gpu, but nvidia-smi lists no NVIDIA GPU on this machine "
+            "(use --device cpu, or auto to pick what is there)"
+        )
     names = (
         args.configs.split(",")
         if args.configs

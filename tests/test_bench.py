@@ -297,3 +297,11 @@ def test_profile_summary_counts_leaf_ops_once(tmp_path):
     assert any(not inner for _, inner in names), f"every op marked inside the cond: {names}"
     assert leaf_ms == pytest.approx(sum(ms for _, ms, _, _ in rows))
     assert all(n >= 1 for _, _, n, _ in rows)
+
+
+def test_gpu_requested_without_gpu_is_a_clear_error(tmp_path):
+    if harness._gpu_names():
+        pytest.skip("this machine has an NVIDIA GPU")
+    with pytest.raises(SystemExit, match="--device gpu, but nvidia-smi lists no NVIDIA GPU"):
+        harness.main(["--device", "gpu", "--out", str(tmp_path)])
+    assert not any(tmp_path.iterdir()), "nothing is written before the device is checked"
