@@ -82,6 +82,24 @@ def test_float64_loss_refuses_without_x64():
     assert loss.dtype == jnp.float32
 
 
+def test_float32_stablemax_gradient_is_finite_at_logit_one():
+    """A logit of exactly 1.0 (frequent in bf16) gave a NaN gradient with loss_dtype=float32.
+
+    where(x < 0, 1/(1 - x + 1e-30), x + 1) also differentiates the unused branch: at x == 1 its
+    gradient is -1e60, inf in float32, and inf * 0 = NaN. Found through a bf16 TRM step
+    (tests/test_trm_attention_impl.py). Expected: d/dx_i of -log(s_i / sum s) by hand.
+    """
+    x = jnp.asarray([[[1.0, -0.5, 2.0]]], jnp.float32)
+    carry = _carry([[2]], [True], [1])
+    out = {"q_halt_logits": jnp.zeros(1), "q_continue_logits": jnp.zeros(1)}
+    # q_halt's target uses argmax under stop_gradient: only lm_loss depends on the logits
+    grad = jax.grad(lambda lg: act_loss(carry, {**out, "logits": lg}, loss_dtype="float32")[0])(x)
+    s = np.array([2.0, 1 / 1.5, 3.0])  # s(x) = x + 1 for x >= 0, 1 / (1 - x) below
+    ds = np.array([1.0, 1 / 1.5**2, 1.0])
+    expected = ds * (1 / s.sum() - np.array([0.0, 0.0, 1.0]) / s)  # label 2
+    assert_close("d lm_loss / d logits", grad[0, 0], expected, FLOAT32)
+
+
 @pytest.mark.parametrize("loss_type", ["stablemax_cross_entropy", "softmax_cross_entropy"])
 def test_loss_head_matches_torch(loss_type, x64):
     """Same (carry, outputs) into our torch ACTLossHead and act_loss: loss and every metric."""

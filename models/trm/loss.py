@@ -19,7 +19,11 @@ LOSS_TYPES = ("stablemax_cross_entropy", "softmax_cross_entropy")
 
 
 def _s(x):
-    return jnp.where(x < 0, 1 / (1 - x + 1e-30), x + 1)
+    # The x >= 0 entries take x + 1, but where() still differentiates the other branch there:
+    # at x == 1 exactly (common for bf16 logits) 1/(1 - x + 1e-30) has gradient -1e60, inf in
+    # float32, and inf * 0 = NaN. Feeding that branch 0 for x >= 0 keeps values and gradients.
+    x_neg = jnp.where(x < 0, x, 0)
+    return jnp.where(x < 0, 1 / (1 - x_neg + 1e-30), x + 1)
 
 
 def log_stablemax(x, axis=-1):
