@@ -23,6 +23,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 _DTYPES = {"float32": jnp.float32, "float64": jnp.float64, "bfloat16": jnp.bfloat16}
+# GPTConfig.attention_impl: "explicit" is the written-out attention every parity test is proven
+# against; "xla" / "cudnn" are jax.nn.dot_product_attention's implementations; "auto" picks
+# "cudnn" where it can run (see resolve_attention_impl), else "explicit".
+ATTENTION_IMPLS = ("auto", "explicit", "xla", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +43,9 @@ class GPTConfig:
     dtype: str = "float32"  # compute dtype: float32 | bfloat16 | float64 (float64 params too)
     # False: exact erf GELU (nanoGPT since June 2023). True: tanh form (HF GPT-2 / older nanoGPT).
     gelu_approximate: bool = False
+    # Ours: one of ATTENTION_IMPLS. torch's SDPA picks flash / mem-efficient / math kernels itself;
+    # here the choice is explicit, and "auto" is "explicit" except on an NVIDIA GPU in bfloat16.
+    attention_impl: str = "auto"
 
     def __post_init__(self):
         if self.dtype not in _DTYPES:
@@ -49,6 +56,18 @@ class GPTConfig:
             raise ValueError(
                 f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
             )
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(
+                f"GPTConfig.attention_impl must be one of {ATTENTION_IMPLS}, "
+                f"got {self.attention_impl!r}"
+            )
+        if self.attention_impl == "cudnn":  # what is known before any device is seen
+            why = _cudnn_unsupported_config(self.compute_dtype, self.n_embd // self.n_head)
+            if why:
+                raise ValueError(
+                    f"GPTConfig.attention_impl='cudnn' cannot run: {why}; "
+                    "use 'auto' (cudnn where possible, else explicit), 'xla' or 'explicit'"
+                )
 
     @property
     def compute_dtype(self):
@@ -81,6 +100,72 @@ def preset(name: str, **overrides) -> GPTConfig:
     if name not in PRESETS:
         raise KeyError(f"unknown GPT preset {name!r}; known: {sorted(PRESETS)}")
     return GPTConfig(**{**PRESETS[name], **overrides})
+
+
+def _cuda_compute_capability() -> tuple[int, int] | None:
+    """(major, minor) of the default device if it is an NVIDIA GPU, else None."""
+    if jax.default_backend() != "gpu":
+        return None
+    try:  # CUDA devices report e.g. "9.0"; ROCm ones a gfx name, which does not parse
+        major, minor = (int(v) for v in str(jax.devices()[0].compute_capability).split("."))
+    except (AttributeError, ValueError):
+        return None
+    return major, minor
+
+
+def _cudnn_unsupported_config(dtype, head_size: int) -> str | None:
+    """The cuDNN rules that need no device: bf16/fp16 inputs, head size a multiple of 8."""
+    name = jnp.dtype(dtype).name
+    if name not in ("bfloat16", "float16"):
+        return f"the compute dtype is {name}; cuDNN flash attention needs bfloat16 or float16"
+    if head_size % 8:
+        return f"head size {head_size} is not a multiple of 8"
+    return None
+
+
+def _cudnn_unsupported(dtype, head_size: int, cc: tuple[int, int] | None) -> str | None:
+    """Why cuDNN flash attention cannot run (None: it can); cc: the GPU's compute capability.
+
+    The rules are jax's own checks (jax/_src/cudnn/fused_attention_stablehlo.py): bf16/fp16 inputs,
+    head size a multiple of 8 and <= 128 (<= 256 from Hopper, compute capability 9.0, on).
+    """
+    why = _cudnn_unsupported_config(dtype, head_size)
+    if why or cc is None:
+        return why or f"the default JAX backend is {jax.default_backend()!r}, not an NVIDIA GPU"
+    h_max = 256 if cc >= (9, 0) else 128
+    if head_size > h_max:
+        return f"head size {head_size} > {h_max} (the maximum at compute capability {cc})"
+    return None
+
+
+def resolve_attention_impl(requested: str, dtype, head_size: int, dropout_active: bool) -> str:
+    """GPTConfig.attention_impl -> the implementation this call runs: explicit | xla | cudnn.
+
+    Resolved at trace time (backend, dtype and train/eval mode are static there). "auto" never
+    raises; an explicit "xla"/"cudnn" that cannot run raises instead of falling back silently.
+    """
+    if requested not in ATTENTION_IMPLS:
+        raise ValueError(f"attention_impl must be one of {ATTENTION_IMPLS}, got {requested!r}")
+    if requested == "explicit":
+        return "explicit"
+    # jax.nn.dot_product_attention has no dropout argument (torch's SDPA has dropout_p).
+    no_dropout = "attention dropout is active (dropout > 0 in train mode) and " + (
+        "jax.nn.dot_product_attention has no dropout"
+    )
+    why = no_dropout if dropout_active else None
+    if requested == "xla":
+        if why:
+            raise ValueError(f"GPTConfig.attention_impl='xla' cannot run: {why}; use 'explicit'")
+        return "xla"
+    why = why or _cudnn_unsupported(dtype, head_size, _cuda_compute_capability())
+    if requested == "auto":
+        return "explicit" if why else "cudnn"
+    if why:
+        raise ValueError(
+            f"GPTConfig.attention_impl='cudnn' cannot run: {why}; "
+            "use 'auto' (cudnn where possible, else explicit), 'xla' or 'explicit'"
+        )
+    return "cudnn"
 
 
 def _normal(std):
@@ -118,11 +203,13 @@ class CausalSelfAttention(nnx.Module):
         self.c_attn = _linear(cfg, cfg.n_embd, 3 * cfg.n_embd, rngs=rngs)
         self.c_proj = _linear(cfg, cfg.n_embd, cfg.n_embd, std=c_proj_std, rngs=rngs)
         # Attention-probability dropout: torch does it inside SDPA (flash) or with attn_dropout
-        # (manual path); jax.nn.dot_product_attention has no dropout, so attention is written out.
+        # (manual path); jax.nn.dot_product_attention has no dropout, so the "explicit" path
+        # writes attention out, and "auto" uses it whenever this dropout is active.
         self.attn_dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
         self.resid_dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
         self.n_head = cfg.n_head
         self.norm_dtype = cfg.norm_dtype
+        self.attention_impl = cfg.attention_impl
 
     def __call__(self, x_btc):
         B, T, C = x_btc.shape
@@ -132,14 +219,33 @@ class CausalSelfAttention(nnx.Module):
         q_btnh = q_btc.reshape(B, T, N, H)  # head is the outer split of each C chunk
         k_bsnh = k_btc.reshape(B, T, N, H)
         v_bsnh = v_btc.reshape(B, T, N, H)
+        drop = self.attn_dropout
+        impl = resolve_attention_impl(
+            self.attention_impl, q_btnh.dtype, H, drop.rate > 0 and not drop.deterministic
+        )
+        if impl == "explicit":
+            y_btnh = self._explicit_attention(q_btnh, k_bsnh, v_bsnh)
+        else:  # torch's SDPA picks its kernel itself; here GPTConfig.attention_impl picks it
+            y_btnh = jax.nn.dot_product_attention(
+                q_btnh,
+                k_bsnh,
+                v_bsnh,
+                scale=1.0 / math.sqrt(H),
+                is_causal=True,
+                implementation=impl,
+            )
+        y_btc = y_btnh.reshape(B, T, C)  # heads concatenated head-major
+        return self.resid_dropout(self.c_proj(y_btc))
+
+    def _explicit_attention(self, q_btnh, k_bsnh, v_bsnh):
+        """nanoGPT's manual path: scores, causal mask, softmax in norm_dtype, dropout, @ v."""
+        T, H = q_btnh.shape[1], q_btnh.shape[3]
         att_bnts = jnp.einsum("btnh,bsnh->bnts", q_btnh, k_bsnh) * (1.0 / math.sqrt(H))
         causal_ts = jnp.tril(jnp.ones((T, T), dtype=bool))
         att_bnts = jnp.where(causal_ts, att_bnts.astype(self.norm_dtype), -jnp.inf)
         att_bnts = jax.nn.softmax(att_bnts, axis=-1)
         att_bnts = self.attn_dropout(att_bnts)
-        y_btnh = jnp.einsum("bnts,bsnh->btnh", att_bnts.astype(v_bsnh.dtype), v_bsnh)
-        y_btc = y_btnh.reshape(B, T, C)  # heads concatenated head-major
-        return self.resid_dropout(self.c_proj(y_btc))
+        return jnp.einsum("bnts,bsnh->btnh", att_bnts.astype(v_bsnh.dtype), v_bsnh)
 
 
 class MLP(nnx.Module):

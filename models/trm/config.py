@@ -5,6 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 ARCHS = ("trm", "hrm", "trm_singlez", "trm_hier6", "transformers_baseline")
+# TRMConfig.attention_impl (same names as GPTConfig's): "explicit" is the written-out attention
+# every parity test is proven against; "xla" / "cudnn" are jax.nn.dot_product_attention's
+# implementations; "auto" picks "cudnn" where it can run, else "explicit" (models/trm/layers.py).
+ATTENTION_IMPLS = ("auto", "explicit", "xla", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +48,9 @@ class TRMConfig:
     arch: str = "trm"  # one of ARCHS: selects the inner recursion
     remat: bool = False  # jax.checkpoint around every block (same values, less memory)
     scan: bool = False  # lax.scan over the L cycles instead of a Python loop (smaller HLO)
+    # One of ATTENTION_IMPLS. torch's SDPA picks flash / mem-efficient / math kernels itself; here
+    # the choice is explicit, and "auto" is "explicit" except on an NVIDIA GPU in bf16/fp16.
+    attention_impl: str = "auto"
 
     def __post_init__(self):
         if self.arch not in ARCHS:
@@ -53,6 +60,26 @@ class TRMConfig:
                 f"TRMConfig.forward_dtype={self.forward_dtype!r}: expected float32, bfloat16, "
                 "float16 or float64"
             )
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(
+                f"TRMConfig.attention_impl={self.attention_impl!r}: expected one of "
+                f"{ATTENTION_IMPLS}"
+            )
+        # What is known before any device is seen (jax's cuDNN checks; the device ones run at
+        # trace time in models/trm/layers.py). This file stays free of jax imports.
+        if self.attention_impl == "cudnn" and self.forward_dtype not in ("bfloat16", "float16"):
+            raise ValueError(
+                f"TRMConfig.attention_impl='cudnn' cannot run: forward_dtype is "
+                f"{self.forward_dtype}, cuDNN flash attention needs bfloat16 or float16; use "
+                "'auto' (cudnn where possible, else explicit), 'xla' or 'explicit'"
+            )
+        if self.attention_impl == "cudnn" and self.hidden_size >= self.num_heads > 0:
+            if self.head_dim % 8:
+                raise ValueError(
+                    f"TRMConfig.attention_impl='cudnn' cannot run: head_dim {self.head_dim} "
+                    f"(hidden_size {self.hidden_size} // num_heads {self.num_heads}) is not a "
+                    "multiple of 8; use 'auto', 'xla' or 'explicit'"
+                )
         if not self.mlp_t and self.arch != "trm_singlez" and self.hidden_size < self.num_heads:
             raise ValueError(
                 f"TRMConfig: hidden_size={self.hidden_size} < num_heads={self.num_heads}"

@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from models.trm.config import ATTENTION_IMPLS
+
 # Width of a truncated standard normal on [-2, 2]; dividing by it gives samples of std exactly
 # `std`, like upstream's trunc_normal_init_ (and Flax's variance_scaling constant).
 _TRUNC_STD = 0.87962566103423978
@@ -187,10 +189,73 @@ def apply_rotary(q_bshd, k_bshd, cos_sd, sin_sd):
     return q.astype(dtype), k.astype(dtype)
 
 
+def _cuda_compute_capability() -> tuple[int, int] | None:
+    """(major, minor) of the default device if it is an NVIDIA GPU, else None."""
+    if jax.default_backend() != "gpu":
+        return None
+    try:  # CUDA devices report e.g. "9.0"; ROCm ones a gfx name, which does not parse
+        major, minor = (int(v) for v in str(jax.devices()[0].compute_capability).split("."))
+    except (AttributeError, ValueError):
+        return None
+    return major, minor
+
+
+def _cudnn_unsupported(dtype, head_dim: int, cc: tuple[int, int] | None) -> str | None:
+    """Why cuDNN flash attention cannot run (None: it can); cc: the GPU's compute capability or None.
+
+    The rules are jax's own checks (jax/_src/cudnn/fused_attention_stablehlo.py): bf16/fp16 inputs,
+    head_dim a multiple of 8 and <= 128 (<= 256 from Hopper, compute capability 9.0, on). The same
+    rule as models/gpt/modeling.py: each port stands alone.
+    """
+    name = jnp.dtype(dtype).name
+    if name not in ("bfloat16", "float16"):
+        return f"the forward dtype is {name}; cuDNN flash attention needs bfloat16 or float16"
+    if head_dim % 8:  # TRMConfig checks these two as well, without jax
+        return f"head_dim {head_dim} is not a multiple of 8"
+    if cc is None:
+        return f"the default JAX backend is {jax.default_backend()!r}, not an NVIDIA GPU"
+    h_max = 256 if cc >= (9, 0) else 128
+    if head_dim > h_max:
+        return f"head_dim {head_dim} > {h_max} (the maximum at compute capability {cc})"
+    return None
+
+
+def resolve_attention_impl(requested: str, dtype, head_dim: int) -> str:
+    """TRMConfig.attention_impl -> the implementation this call runs: explicit | xla | cudnn.
+
+    Resolved at trace time (backend and dtype are static there). "auto" never raises; "cudnn"
+    where it cannot run raises instead of falling back silently.
+    """
+    if requested not in ATTENTION_IMPLS:
+        raise ValueError(
+            f"TRMConfig.attention_impl={requested!r}: expected one of {ATTENTION_IMPLS}"
+        )
+    if requested in ("explicit", "xla"):
+        return requested
+    why = _cudnn_unsupported(dtype, head_dim, _cuda_compute_capability())
+    if requested == "auto":
+        return "explicit" if why else "cudnn"
+    if why:
+        raise ValueError(
+            f"TRMConfig.attention_impl='cudnn' cannot run: {why}; "
+            "use 'auto' (cudnn where possible, else explicit), 'xla' or 'explicit'"
+        )
+    return "cudnn"
+
+
 class Attention(nnx.Module):
-    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, *, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        num_heads: int,
+        *,
+        attention_impl: str = "auto",
+        rngs: nnx.Rngs,
+    ):
         self.head_dim = head_dim
         self.num_heads = num_heads
+        self.attention_impl = attention_impl  # TRMConfig.attention_impl, resolved per call
         self.qkv_proj = CastedLinear(hidden_size, 3 * num_heads * head_dim, bias=False, rngs=rngs)
         self.o_proj = CastedLinear(num_heads * head_dim, hidden_size, bias=False, rngs=rngs)
 
@@ -201,6 +266,12 @@ class Attention(nnx.Module):
         q, k, v = qkv[:, :, :nh], qkv[:, :, nh : 2 * nh], qkv[:, :, 2 * nh :]
         if cos_sin is not None:
             q, k = apply_rotary(q, k, *cos_sin)
+        impl = resolve_attention_impl(self.attention_impl, q.dtype, hd)
+        if impl != "explicit":  # torch's SDPA picks its kernel itself; here the config picks it
+            out = jax.nn.dot_product_attention(
+                q, k, v, scale=1.0 / math.sqrt(hd), implementation=impl
+            )
+            return self.o_proj(out.reshape(b, s, nh * hd))
         # SDPA (no mask, non-causal, scale 1/sqrt(hd)). Like torch's flash kernels: scores and
         # softmax in at least float32, probabilities rounded to the forward dtype before the
         # product with v (accumulated in float32), output in the forward dtype.
@@ -223,7 +294,11 @@ class Block(nnx.Module):
             self.mlp_t = SwiGLU(config.total_len, config.expansion, rngs=rngs)
         else:
             self.self_attn = Attention(
-                config.hidden_size, config.head_dim, config.num_heads, rngs=rngs
+                config.hidden_size,
+                config.head_dim,
+                config.num_heads,
+                attention_impl=config.attention_impl,
+                rngs=rngs,
             )
         self.mlp = SwiGLU(config.hidden_size, config.expansion, rngs=rngs)
 
