@@ -104,6 +104,7 @@ def test_trm_sudoku_tiny_learns(tmp_path):
         "trainer.epochs=80",
         "trainer.progress_bar=false",
         "logging.wandb=disabled",
+        "run.compilation_cache_dir=null",  # never write into the real ~/.cache from a test
     ]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -17,6 +17,8 @@ from typing import Any
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from train.compilation_cache import DEFAULT_DIR, DEFAULT_MIN_COMPILE_SECS
+
 TASKS = ("trm", "gpt")
 
 
@@ -30,6 +32,11 @@ class RunConfig:
     out_dir: str = "runs"  # the run directory is <out_dir>/<name>
     seed: int = 0
     resume: bool = True  # resume automatically from the latest checkpoint in the run directory
+    # Persistent XLA compilation cache (train/compilation_cache.py): a later process that builds the
+    # same program loads it instead of compiling. Local dir or gs://...; empty or null = off. Your
+    # own JAX_COMPILATION_CACHE_DIR, if set, wins over it.
+    compilation_cache_dir: str | None = DEFAULT_DIR
+    compilation_cache_min_compile_secs: float = DEFAULT_MIN_COMPILE_SECS  # faster ones: not saved
 
 
 @dataclass
@@ -185,6 +192,11 @@ def validate(cfg: DictConfig) -> None:
         )
     if cfg.task not in TASKS:
         raise ConfigError(f"task must be one of {TASKS}, got {cfg.task!r}")
+    _positive(
+        cfg.run.compilation_cache_min_compile_secs,
+        "run.compilation_cache_min_compile_secs",
+        allow_zero=True,
+    )
     t = cfg.trainer
     _positive(t.global_batch_size, "trainer.global_batch_size")
     _positive(t.log_interval, "trainer.log_interval")

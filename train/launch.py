@@ -15,6 +15,7 @@ import os
 import re
 import socket
 import subprocess
+import tempfile
 import time
 
 
@@ -47,13 +48,16 @@ def run_local_processes(
     base = dict(os.environ if env is None else env)
     port = free_port()
     procs = []
+    # Output goes to files, not pipes: nobody reads a pipe while we poll, so a process that logs more
+    # than the pipe buffer (64 KiB) would block on write forever and hit the timeout.
+    logs = [tempfile.TemporaryFile(mode="w+") for _ in range(num_processes)]
     for i in range(num_processes):
         procs.append(
             subprocess.Popen(
                 cmd,
                 env=process_env(base, i, num_processes, port, devices_per_process),
                 cwd=cwd,
-                stdout=subprocess.PIPE,
+                stdout=logs[i],
                 stderr=subprocess.STDOUT,
                 text=True,
             )
@@ -77,7 +81,10 @@ def run_local_processes(
             if p.poll() is None:
                 p.kill()
         for i, p in enumerate(procs):
-            outputs[i] = p.communicate()[0]
+            p.wait()
+            logs[i].seek(0)
+            outputs[i] = logs[i].read()
+            logs[i].close()
     results = [(p.returncode, out) for p, out in zip(procs, outputs)]
     if failed is not None or any(rc != 0 for rc, _ in results):
         tails = "\n".join(

@@ -1,7 +1,7 @@
 """Entry point: `python -m train.main +experiment=NAME [key=value ...]`.
 
-Kept short on purpose (Flax examples/gemma style): distributed init, config, mesh, one call into the
-trainer. Environment for multi-process runs: JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
+Kept short on purpose (Flax examples/gemma style): distributed init, config, compilation cache,
+mesh, one call into the trainer. Environment for multi-process runs: JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
 JAX_PROCESS_ID (local tests, train/launch.py); on Cloud TPU none are needed.
 """
 
@@ -15,6 +15,7 @@ from train.distributed import initialize
 
 def main(argv: list[str] | None = None) -> dict:
     initialize()  # before anything touches devices
+    from train.compilation_cache import log_compilation_cache_stats, setup_compilation_cache
     from train.compose import load_config
     from train.config import ConfigError
     from train.mesh import make_mesh
@@ -22,7 +23,14 @@ def main(argv: list[str] | None = None) -> dict:
 
     try:
         cfg = load_config(sys.argv[1:] if argv is None else argv)
-        return train(cfg, make_mesh(cfg.mesh))  # raises ConfigError when it cannot resume
+        # Process-wide, so here and not in train(): before the first compile, once per process.
+        setup_compilation_cache(
+            cfg.run.compilation_cache_dir, cfg.run.compilation_cache_min_compile_secs
+        )
+        try:
+            return train(cfg, make_mesh(cfg.mesh))  # raises ConfigError when it cannot resume
+        finally:
+            log_compilation_cache_stats()  # hits / misses of this process
     except ConfigError as e:
         sys.exit(f"error: {e}")  # exit status 1, no traceback: it is the user's input
 

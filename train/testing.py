@@ -3,12 +3,36 @@
 from __future__ import annotations
 
 import os
+import re
 
 from train.metrics import read_jsonl
 
+# The line train.main logs at the end of a run (train/compilation_cache.py CacheStats.summary).
+_CACHE_STATS = re.compile(
+    r"XLA compilation cache: (\d+) hits, (\d+) misses \(\d+ of (\d+) programs loaded from the "
+    r"cache, \d+ compiled, (\d+) written\)"
+)
 
-def tiny_gpt_overrides(data_dir: str, out_dir: str, name: str, steps: int = 8) -> list[str]:
-    """gpt_shakespeare_char_tiny shrunk to seconds: 2 layers x 32, block 32, batch 8."""
+
+def compilation_cache_counts(output: str) -> dict[str, int]:
+    """hits / misses / requests / writes from a `python -m train.main` process's log output."""
+    found = _CACHE_STATS.findall(output)
+    if len(found) != 1:
+        raise AssertionError(f"expected one compilation cache summary line, got {found}")
+    return dict(zip(("hits", "misses", "requests", "writes"), map(int, found[0])))
+
+
+def _cache_override(cache_dir: str | None) -> str:
+    # Off unless a test asks for one: a test run must never write into the real ~/.cache.
+    return f"run.compilation_cache_dir={cache_dir or 'null'}"
+
+
+def tiny_gpt_overrides(
+    data_dir: str, out_dir: str, name: str, steps: int = 8, cache_dir: str | None = None
+) -> list[str]:
+    """gpt_shakespeare_char_tiny shrunk to seconds: 2 layers x 32, block 32, batch 8.
+
+    `cache_dir`: the XLA compilation cache of `python -m train.main` runs (None = off)."""
     return [
         "+experiment=gpt_shakespeare_char_tiny",
         f"run.name={name}",
@@ -29,6 +53,7 @@ def tiny_gpt_overrides(data_dir: str, out_dir: str, name: str, steps: int = 8) -
         "trainer.log_interval=1",
         "trainer.progress_bar=false",
         "logging.wandb=disabled",
+        _cache_override(cache_dir),
     ]
 
 
@@ -51,8 +76,12 @@ def build_tiny_text(dest: str, input_path: str) -> str:
     return dest
 
 
-def tiny_trm_overrides(data_dir: str, out_dir: str, name: str, epochs: int = 2) -> list[str]:
-    """trm_sudoku_tiny shrunk to seconds: batch 16, 2 upstream iterations of 1 epoch each."""
+def tiny_trm_overrides(
+    data_dir: str, out_dir: str, name: str, epochs: int = 2, cache_dir: str | None = None
+) -> list[str]:
+    """trm_sudoku_tiny shrunk to seconds: batch 16, 2 upstream iterations of 1 epoch each.
+
+    `cache_dir`: the XLA compilation cache of `python -m train.main` runs (None = off)."""
     return [
         "+experiment=trm_sudoku_tiny",
         f"run.name={name}",
@@ -67,6 +96,7 @@ def tiny_trm_overrides(data_dir: str, out_dir: str, name: str, epochs: int = 2) 
         "trainer.progress_bar=false",
         "optim.lr_warmup_steps=2",
         "logging.wandb=disabled",
+        _cache_override(cache_dir),
     ]
 
 

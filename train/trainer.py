@@ -37,6 +37,7 @@ def run_dir_of(cfg) -> epath.Path:
 
 def train(cfg, mesh) -> dict:
     """Runs (or resumes) the experiment `cfg` on `mesh`; returns the last logged metrics."""
+    started = time.perf_counter()
     run_dir = run_dir_of(cfg)
     enable_x64_if_needed(cfg)  # TRM: upstream's stablemax loss runs in float64
     task = step_lib.make_task(cfg, mesh)
@@ -126,6 +127,11 @@ def train(cfg, mesh) -> dict:
             if window[1] == step - 1 and not compiled:
                 jax.block_until_ready(metrics)  # once: keep compile time out of step time
                 window, compiled = (time.perf_counter(), step), True
+                # What the compilation cache shortens (docs/training.md, "Compilation cache").
+                log.info(
+                    "first step done %.1f s after the trainer started (init + compile + 1 step)",
+                    window[0] - started,
+                )
             if step % t.log_interval == 0 or step == stop:
                 host = {}
                 if done[1] > window[1]:  # average over the steps finished since the last log
