@@ -4,8 +4,8 @@ JAX keys each compiled program by a hash of its StableHLO, the devices, the comp
 XLA flags and the jax/jaxlib/backend versions, and stores the serialized executable as one file
 `<dir>/<module>-<hash>-cache`. A later process that builds the same program (resume, preemption
 restart, `make demo` rerun, a sweep point that changes only a data or optimiser VALUE) reads it back:
-on this repo's 2-core CPU the trm_sudoku_tiny start goes from ~6 s of compiling to ~0.3 s of reading
-(docs/training.md, "Compilation cache"). Anything that changes the program (a shape, a dtype, a
+on this repo's 2-core CPU trm_sudoku_tiny's first step is done 1.9 s after the trainer starts
+instead of 6.5 s (docs/training.md, "Compilation cache"). Anything that changes the program (a shape, a dtype, a
 mesh, a JAX version) is a different key, so a stale entry can never be used: it is just never read.
 
 `setup_compilation_cache` is the one place that turns it on; `python -m train.main` calls it once
