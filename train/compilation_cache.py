@@ -127,11 +127,18 @@ def setup_compilation_cache(
         else:
             log.info("XLA compilation cache: off (your %s is empty)", where)
         _active_dir = theirs or None
+    elif _active_dir is not None:  # set by an earlier call in this process
+        if ours != _active_dir:
+            log.warning(
+                "XLA compilation cache: keeping %s (JAX opens its cache once per process; "
+                "%s ignored)",
+                _active_dir,
+                ours,
+            )
+        return _active_dir
     elif ours is None:
         log.info("XLA compilation cache: off (run.compilation_cache_dir is empty)")
         _active_dir = None
-    elif ours == _active_dir:
-        return _active_dir
     else:
         if min_compile_secs < 0:
             raise ValueError(f"min_compile_secs must be >= 0, got {min_compile_secs}")
