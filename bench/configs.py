@@ -328,7 +328,9 @@ def resolve(cfg: BenchConfig, *, seed: int = 0, jax_overrides: dict | None = Non
     batch = int(trainer_cfg["trainer"]["global_batch_size"])
     if cfg.family == "gpt":
         dtype = model.get("dtype", "float32")
-        torch_model = {k: v for k, v in model.items() if k != "dtype"}
+        # dtype -> autocast on the torch side; attention_impl is JAX-only (torch picks its SDPA
+        # kernel itself)
+        torch_model = {k: v for k, v in model.items() if k not in ("dtype", "attention_impl")}
         items = batch * int(model["block_size"])
     else:
         # data-dependent TRM fields default to the Sudoku values when the yaml leaves them out

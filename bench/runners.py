@@ -93,6 +93,29 @@ def _loss_of(metrics: dict) -> float:
     return lm + 0.5 * (qh + qc)
 
 
+def _jax_attention_impl(mcfg) -> str:
+    """What the JAX model's attention runs here in training: explicit | xla | cudnn | none.
+
+    `attention_impl: auto` resolves per backend/dtype/shape at trace time (models' own
+    `resolve_attention_impl`); the record says which path the timed step took."""
+    if getattr(mcfg, "n_head", None):  # GPTConfig
+        from models.gpt.modeling import resolve_attention_impl
+
+        return resolve_attention_impl(
+            mcfg.attention_impl,
+            mcfg.compute_dtype,
+            mcfg.n_embd // mcfg.n_head,
+            dropout_active=mcfg.dropout > 0,
+        )
+    if mcfg.mlp_t:
+        return "none (mlp_t: token-mixing MLP)"
+    import jax.numpy as jnp
+
+    from models.trm.layers import resolve_attention_impl
+
+    return resolve_attention_impl(mcfg.attention_impl, jnp.dtype(mcfg.forward_dtype), mcfg.head_dim)
+
+
 class JaxRunner:
     def __init__(self, cfg, spec):
         self.cfg, self.spec = cfg, spec
@@ -128,6 +151,7 @@ class JaxRunner:
             "step": "train.step.jit_train_step(train.step.make_task(cfg, mesh)) "
             "(jax.jit, NamedShardings, donate_argnums=0)",
             "task_flops_per_step": float(getattr(self.task, "flops_per_step", 0.0)),
+            "attention_impl": _jax_attention_impl(self.task.model_cfg),
             # params + optimiser state (+ TRM carry), in elements
             "state_elements": int(
                 sum(x.size for x in jax.tree.leaves(self.state) if hasattr(x, "size"))

@@ -77,6 +77,7 @@ def test_two_local_processes_train_and_rerun_resumes(tmp_path, capsys):
         "logging.wandb=disabled",
         "trainer.progress_bar=false",
         "trainer.log_interval=1",
+        "run.compilation_cache_dir=null",  # tests never write into the user's ~/.cache
     ]
     assert local.run([*common, "trainer.max_steps=2"], processes=2, cpu_devices=4, timeout=900) == 0
     first = capsys.readouterr().out
