@@ -466,8 +466,19 @@ def _parse_overrides(items: list[str]) -> dict:
         if "=" not in item:
             raise SystemExit(f"bench: --jax-model expects key=value, got {item!r}")
         k, v = item.split("=", 1)
-        out[k] = json.loads(v) if v.lower() not in ("true", "false") else v.lower() == "true"
+        out[k] = parse_value(v)
     return out
+
+
+def parse_value(v: str):
+    """A command-line model value: true/false, a JSON number/list, else the string itself
+    (`attention_impl=explicit`)."""
+    if v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    try:
+        return json.loads(v)
+    except ValueError:
+        return v
 
 
 def build_parser() -> argparse.ArgumentParser:

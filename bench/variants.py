@@ -20,10 +20,12 @@ import time
 
 
 def _parse(item: str) -> dict:
+    from bench.harness import parse_value
+
     out = {}
     for kv in item.split(","):
         k, v = kv.split("=", 1)
-        out[k] = json.loads(v) if v.lower() not in ("true", "false") else v.lower() == "true"
+        out[k] = parse_value(v)
     return out
 
 

@@ -305,3 +305,21 @@ def test_gpu_requested_without_gpu_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="--device gpu, but nvidia-smi lists no NVIDIA GPU"):
         harness.main(["--device", "gpu", "--out", str(tmp_path)])
     assert not any(tmp_path.iterdir()), "nothing is written before the device is checked"
+
+
+def test_jax_model_override_values():
+    """`--jax-model k=v` (and bench.variants' `--variant`): booleans, JSON numbers, else strings."""
+    from bench import variants
+
+    assert harness._parse_overrides(["scan=true", "remat=False", "L_cycles=3"]) == {
+        "scan": True,
+        "remat": False,
+        "L_cycles": 3,
+    }
+    assert harness._parse_overrides(["attention_impl=explicit"]) == {"attention_impl": "explicit"}
+    assert variants._parse("attention_impl=xla,scan=true") == {
+        "attention_impl": "xla",
+        "scan": True,
+    }
+    with pytest.raises(SystemExit, match="key=value"):
+        harness._parse_overrides(["attention_impl"])
