@@ -124,3 +124,21 @@ def test_remat_and_scan_are_plain_overrides(experiment):
     cfg = load_config([f"+experiment={experiment}", "model.remat=true", "model.scan=true"])
     assert cfg.model.remat is True and cfg.model.scan is True
     assert load_config([f"+experiment={experiment}"]).model.remat is False
+
+
+@pytest.mark.parametrize(
+    "experiment", ["trm_sudoku_tiny", "trm_sudoku_att", "hrm_sudoku", "gpt_shakespeare_char_tiny"]
+)
+def test_attention_impl_overrides_from_the_command_line(experiment, x64):
+    """configs/model/*.yaml list attention_impl (default auto): a plain override reaches the
+    model config, and a bad value is an error naming the field and the choices (x64: the TRM
+    task builds the float64 loss, as the trainer enables it)."""
+    from train.step import make_task
+
+    assert load_config([f"+experiment={experiment}"]).model.attention_impl == "auto"
+    cfg = load_config([f"+experiment={experiment}", "model.attention_impl=explicit"])
+    task = make_task(cfg, make_mesh(cfg.mesh, devices=jax.devices()[:1]), need_data=False)
+    assert task.model_cfg.attention_impl == "explicit"
+    bad = load_config([f"+experiment={experiment}", "model.attention_impl=flash"])
+    with pytest.raises(Exception, match=r"attention_impl.*flash.*explicit"):
+        make_task(bad, make_mesh(bad.mesh, devices=jax.devices()[:1]), need_data=False)
