@@ -1,5 +1,6 @@
-"""`remat` (jax.checkpoint around every block) and `scan` (lax.scan over the L cycles) are pure
-implementation choices: outputs, carry and gradients must equal the unrolled model's."""
+"""`remat` (jax.checkpoint around every block, with a `remat_policy`) and `scan` (lax.scan over the
+L cycles) are pure implementation choices: outputs, carry and gradients must equal the unrolled
+model's."""
 
 import dataclasses
 
@@ -82,6 +83,13 @@ def _value_and_grads(cfg, batch):
 # float64, where any real difference (a missing cycle, a wrong carry) would be O(1).
 CASES = [
     pytest.param("att", "remat+scan", id="att-remat+scan"),
+    pytest.param("mlp_t", "remat+dots_saveable", id="mlp_t-remat-dots_saveable"),
+    pytest.param(
+        "att",
+        "remat+dots_with_no_batch_dims_saveable",
+        id="att-remat-dots_with_no_batch_dims_saveable",
+        marks=pytest.mark.slow,
+    ),
     pytest.param("mlp_t", "remat", id="mlp_t-remat", marks=pytest.mark.slow),
     pytest.param("mlp_t", "scan", id="mlp_t-scan", marks=pytest.mark.slow),
     pytest.param("att", "remat", id="att-remat", marks=pytest.mark.slow),
@@ -95,7 +103,13 @@ def test_option_equals_unrolled_float64(variant, option, x64):
     cfg = _cfg(forward_dtype="float64", L_layers=1, L_cycles=3, **extra)
     batch = _batch(cfg)
     ref = _value_and_grads(cfg, batch)
-    alt_cfg = dataclasses.replace(cfg, remat="remat" in option, scan="scan" in option)
+    policy = [p for p in option.split("+") if "saveable" in p]
+    alt_cfg = dataclasses.replace(
+        cfg,
+        remat="remat" in option,
+        scan="scan" in option,
+        remat_policy=policy[0] if policy else cfg.remat_policy,
+    )
     alt = _value_and_grads(alt_cfg, batch)
     assert [n for n, _ in ref] == [n for n, _ in alt]
     assert_all_close([(n, a, r) for (n, a), (_, r) in zip(alt, ref, strict=True)], FLOAT64)
@@ -110,3 +124,41 @@ def test_scan_really_scans():
     step = lambda b: model(model.initial_carry(b), b, exploration=expl)[1]["logits"]  # noqa: E731
     jaxpr = jax.make_jaxpr(step)(batch)
     assert "scan" in str(jaxpr)
+
+
+def _grad_dot_count(**kw) -> int:
+    """dot_generals in the jaxpr of d(loss)/d(params): one block, one cycle, attention variant."""
+    from models.trm import act_loss
+
+    cfg = _cfg(L_cycles=1, H_cycles=1, L_layers=1, **kw)
+    model = TRM(cfg, rngs=nnx.Rngs(0))
+    batch = _batch(cfg)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    expl = (jnp.ones((cfg.batch_size,)), jnp.full((cfg.batch_size,), 2, jnp.int32))
+
+    def loss(params):
+        m = nnx.merge(graphdef, params, rest)
+        carry, out = m(m.initial_carry(batch), batch, exploration=expl)
+        return act_loss(carry, out, loss_dtype="float32")[0]
+
+    return str(jax.make_jaxpr(jax.grad(loss))(params)).count("dot_general")
+
+
+def test_remat_policy_decides_what_is_recomputed():
+    """The policy reaches jax.checkpoint: dots_saveable keeps every matmul output (as many
+    dot_generals in the gradient as without remat), dots_with_no_batch_dims_saveable recomputes
+    the attention einsums (they have batch dims), nothing_saveable every matmul of the block."""
+    policies = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable")
+    counts = {p: _grad_dot_count(remat=True, remat_policy=p) for p in policies}
+    counts["off"] = _grad_dot_count()
+    assert (
+        counts["off"]
+        == counts["dots_saveable"]
+        < counts["dots_with_no_batch_dims_saveable"]
+        < counts["nothing_saveable"]
+    ), counts
+
+
+def test_unknown_remat_policy_names_the_field():
+    with pytest.raises(ValueError, match=r"TRMConfig.remat_policy='dots'.*nothing_saveable"):
+        _cfg(remat=True, remat_policy="dots")

@@ -9,6 +9,10 @@ ARCHS = ("trm", "hrm", "trm_singlez", "trm_hier6", "transformers_baseline")
 # every parity test is proven against; "xla" / "cudnn" are jax.nn.dot_product_attention's
 # implementations; "auto" picks "cudnn" where it can run, else "explicit" (models/trm/layers.py).
 ATTENTION_IMPLS = ("auto", "explicit", "xla", "cudnn")
+# TRMConfig.remat_policy: what jax.checkpoint keeps of a block for the backward pass (the names of
+# jax.checkpoint_policies). nothing_saveable recomputes the whole block; the dots policies keep the
+# matmul outputs and recompute only the elementwise work (norms, SwiGLU, residual adds).
+REMAT_POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +51,7 @@ class TRMConfig:
     # Our options (not upstream)
     arch: str = "trm"  # one of ARCHS: selects the inner recursion
     remat: bool = False  # jax.checkpoint around every block (same values, less memory)
+    remat_policy: str = "nothing_saveable"  # one of REMAT_POLICIES; used when remat is True
     scan: bool = False  # lax.scan over the L cycles instead of a Python loop (smaller HLO)
     # One of ATTENTION_IMPLS. torch's SDPA picks flash / mem-efficient / math kernels itself; here
     # the choice is explicit, and "auto" is "explicit" except on an NVIDIA GPU in bf16/fp16.
@@ -59,6 +64,10 @@ class TRMConfig:
             raise ValueError(
                 f"TRMConfig.forward_dtype={self.forward_dtype!r}: expected float32, bfloat16, "
                 "float16 or float64"
+            )
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ValueError(
+                f"TRMConfig.remat_policy={self.remat_policy!r}: expected one of {REMAT_POLICIES}"
             )
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ValueError(

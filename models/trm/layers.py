@@ -290,6 +290,7 @@ class Block(nnx.Module):
         self.norm_eps = config.rms_norm_eps
         self.use_mlp_t = config.mlp_t if mlp_t is None else mlp_t
         self.remat = config.remat
+        self.remat_policy = config.remat_policy
         if self.use_mlp_t:
             self.mlp_t = SwiGLU(config.total_len, config.expansion, rngs=rngs)
         else:
@@ -314,8 +315,10 @@ class Block(nnx.Module):
 
     def __call__(self, h_bld, cos_sin=None):
         if self.remat:
-            # activation checkpointing: recompute the block in the backward pass
-            return jax.checkpoint(lambda h, cs: self._forward(h, cs))(h_bld, cos_sin)
+            # activation checkpointing: recompute (what the policy does not keep of) the block in
+            # the backward pass
+            policy = getattr(jax.checkpoint_policies, self.remat_policy)
+            return jax.checkpoint(lambda h, cs: self._forward(h, cs), policy=policy)(h_bld, cos_sin)
         return self._forward(h_bld, cos_sin)
 
 
