@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from models.attention import cudnn_unsupported
 from models.gpt import GPT, GPTConfig
-from models.gpt.modeling import CausalSelfAttention, _cudnn_unsupported, resolve_attention_impl
+from models.gpt.modeling import CausalSelfAttention, resolve_attention_impl
 from parity.compare import BFLOAT16, EXACT, FLOAT32, FLOAT64, assert_all_close
 
 # Head size 64 (GPT-2's) so the same configuration is valid for cuDNN in the gpu test.
@@ -95,13 +96,14 @@ def test_auto_is_explicit_on_cpu():
 
 
 def test_cudnn_rules():
-    """jax's cuDNN flash-attention limits, as "auto" applies them (cc: compute capability)."""
-    assert _cudnn_unsupported(jnp.bfloat16, 64, (8, 0)) is None
-    assert _cudnn_unsupported(jnp.float16, 256, (9, 0)) is None  # Hopper: head size up to 256
-    assert "> 128" in _cudnn_unsupported(jnp.bfloat16, 256, (8, 0))
-    assert "multiple of 8" in _cudnn_unsupported(jnp.bfloat16, 60, (9, 0))
-    assert "bfloat16 or float16" in _cudnn_unsupported(jnp.float32, 64, (9, 0))
-    assert "not an NVIDIA GPU" in _cudnn_unsupported(jnp.bfloat16, 64, None)
+    """jax's cuDNN flash-attention limits, as "auto" applies them in both ports (models/attention.py;
+    cc: compute capability)."""
+    assert cudnn_unsupported(jnp.bfloat16, 64, (8, 0)) is None
+    assert cudnn_unsupported(jnp.float16, 256, (9, 0)) is None  # Hopper: head size up to 256
+    assert "> 128" in cudnn_unsupported(jnp.bfloat16, 256, (8, 0))
+    assert "multiple of 8" in cudnn_unsupported(jnp.bfloat16, 60, (9, 0))
+    assert "bfloat16 or float16" in cudnn_unsupported(jnp.float32, 64, (9, 0))
+    assert "not an NVIDIA GPU" in cudnn_unsupported(jnp.bfloat16, 64, None)
 
 
 def test_invalid_attention_impl_names_the_field_and_choices():

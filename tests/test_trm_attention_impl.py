@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from models.trm import TRM, TRMConfig, act_loss
-from models.trm.layers import Attention, _cudnn_unsupported, resolve_attention_impl, rope_tables
+from models.trm.layers import Attention, resolve_attention_impl, rope_tables
 from parity.compare import BFLOAT16, EXACT, FLOAT32, assert_all_close
 
 # head_dim 64 (the Sudoku/ARC configs' 512 / 8) so the gpu test runs what cuDNN will see.
@@ -82,14 +82,16 @@ def test_config_reaches_every_attention_layer_and_auto_is_explicit_on_cpu():
             assert resolve_attention_impl("auto", dtype, 64) == "explicit"
 
 
-def test_cudnn_rules():
-    """jax's cuDNN flash-attention limits, as "auto" applies them (cc: compute capability)."""
-    assert _cudnn_unsupported(jnp.bfloat16, 64, (8, 0)) is None
-    assert _cudnn_unsupported(jnp.float16, 256, (9, 0)) is None  # Hopper: head_dim up to 256
-    assert "> 128" in _cudnn_unsupported(jnp.bfloat16, 256, (8, 0))
-    assert "multiple of 8" in _cudnn_unsupported(jnp.bfloat16, 42, (9, 0))  # 512 / 12 heads
-    assert "bfloat16 or float16" in _cudnn_unsupported(jnp.float32, 64, (9, 0))
-    assert "not an NVIDIA GPU" in _cudnn_unsupported(jnp.bfloat16, 64, None)
+def test_cudnn_rules_reach_the_trm_resolver():
+    """The shared rules (models/attention.py, tested in test_gpt_attention_impl.py::
+    test_cudnn_rules) are the ones TRM's resolver applies: float32 or a head_dim that is not a
+    multiple of 8 never resolves to cudnn, and an explicit request says why."""
+    assert resolve_attention_impl("auto", jnp.float32, 64) == "explicit"
+    assert resolve_attention_impl("auto", jnp.bfloat16, 42) == "explicit"  # 512 / 12 heads
+    with pytest.raises(ValueError, match="cannot run: head size 42 is not a multiple of 8"):
+        resolve_attention_impl("cudnn", jnp.bfloat16, 42)
+    with pytest.raises(ValueError, match="cannot run: the dtype is float32"):
+        resolve_attention_impl("cudnn", jnp.float32, 64)
 
 
 def test_invalid_and_impossible_values_are_errors():

@@ -22,11 +22,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from models.attention import (
+    ATTENTION_IMPLS,
+    cuda_compute_capability,
+    cudnn_unsupported,
+    cudnn_unsupported_without_device,
+)
+
 _DTYPES = {"float32": jnp.float32, "float64": jnp.float64, "bfloat16": jnp.bfloat16}
-# GPTConfig.attention_impl: "explicit" is the written-out attention every parity test is proven
-# against; "xla" / "cudnn" are jax.nn.dot_product_attention's implementations; "auto" picks
-# "cudnn" where it can run (see resolve_attention_impl), else "explicit".
-ATTENTION_IMPLS = ("auto", "explicit", "xla", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +65,9 @@ class GPTConfig:
                 f"got {self.attention_impl!r}"
             )
         if self.attention_impl == "cudnn":  # what is known before any device is seen
-            why = _cudnn_unsupported_config(self.compute_dtype, self.n_embd // self.n_head)
+            why = cudnn_unsupported_without_device(
+                jnp.dtype(self.compute_dtype).name, self.n_embd // self.n_head
+            )
             if why:
                 raise ValueError(
                     f"GPTConfig.attention_impl='cudnn' cannot run: {why}; "
@@ -102,42 +107,6 @@ def preset(name: str, **overrides) -> GPTConfig:
     return GPTConfig(**{**PRESETS[name], **overrides})
 
 
-def _cuda_compute_capability() -> tuple[int, int] | None:
-    """(major, minor) of the default device if it is an NVIDIA GPU, else None."""
-    if jax.default_backend() != "gpu":
-        return None
-    try:  # CUDA devices report e.g. "9.0"; ROCm ones a gfx name, which does not parse
-        major, minor = (int(v) for v in str(jax.devices()[0].compute_capability).split("."))
-    except (AttributeError, ValueError):
-        return None
-    return major, minor
-
-
-def _cudnn_unsupported_config(dtype, head_size: int) -> str | None:
-    """The cuDNN rules that need no device: bf16/fp16 inputs, head size a multiple of 8."""
-    name = jnp.dtype(dtype).name
-    if name not in ("bfloat16", "float16"):
-        return f"the compute dtype is {name}; cuDNN flash attention needs bfloat16 or float16"
-    if head_size % 8:
-        return f"head size {head_size} is not a multiple of 8"
-    return None
-
-
-def _cudnn_unsupported(dtype, head_size: int, cc: tuple[int, int] | None) -> str | None:
-    """Why cuDNN flash attention cannot run (None: it can); cc: the GPU's compute capability.
-
-    The rules are jax's own checks (jax/_src/cudnn/fused_attention_stablehlo.py): bf16/fp16 inputs,
-    head size a multiple of 8 and <= 128 (<= 256 from Hopper, compute capability 9.0, on).
-    """
-    why = _cudnn_unsupported_config(dtype, head_size)
-    if why or cc is None:
-        return why or f"the default JAX backend is {jax.default_backend()!r}, not an NVIDIA GPU"
-    h_max = 256 if cc >= (9, 0) else 128
-    if head_size > h_max:
-        return f"head size {head_size} > {h_max} (the maximum at compute capability {cc})"
-    return None
-
-
 def resolve_attention_impl(requested: str, dtype, head_size: int, dropout_active: bool) -> str:
     """GPTConfig.attention_impl -> the implementation this call runs: explicit | xla | cudnn.
 
@@ -157,7 +126,7 @@ def resolve_attention_impl(requested: str, dtype, head_size: int, dropout_active
         if why:
             raise ValueError(f"GPTConfig.attention_impl='xla' cannot run: {why}; use 'explicit'")
         return "xla"
-    why = why or _cudnn_unsupported(dtype, head_size, _cuda_compute_capability())
+    why = why or cudnn_unsupported(dtype, head_size, cuda_compute_capability())
     if requested == "auto":
         return "explicit" if why else "cudnn"
     if why:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
+# TRMConfig.attention_impl: the same values and rules as GPTConfig's (models/attention.py, which
+# like this file imports no jax at module level: the PyTorch bench worker loads this file alone).
+from models.attention import ATTENTION_IMPLS
+
 ARCHS = ("trm", "hrm", "trm_singlez", "trm_hier6", "transformers_baseline")
-# TRMConfig.attention_impl (same names as GPTConfig's): "explicit" is the written-out attention
-# every parity test is proven against; "xla" / "cudnn" are jax.nn.dot_product_attention's
-# implementations; "auto" picks "cudnn" where it can run, else "explicit" (models/trm/layers.py).
-ATTENTION_IMPLS = ("auto", "explicit", "xla", "cudnn")
 # TRMConfig.remat_policy: what jax.checkpoint keeps of a block for the backward pass (the names of
 # jax.checkpoint_policies). nothing_saveable recomputes the whole block; the dots policies keep the
 # matmul outputs and recompute only the elementwise work (norms, SwiGLU, residual adds).
@@ -75,7 +75,7 @@ class TRMConfig:
                 f"{ATTENTION_IMPLS}"
             )
         # What is known before any device is seen (jax's cuDNN checks; the device ones run at
-        # trace time in models/trm/layers.py). This file stays free of jax imports.
+        # trace time: models/attention.py). This file stays free of jax imports.
         if self.attention_impl == "cudnn" and self.forward_dtype not in ("bfloat16", "float16"):
             raise ValueError(
                 f"TRMConfig.attention_impl='cudnn' cannot run: forward_dtype is "

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.trm.config import ATTENTION_IMPLS
+from models.attention import ATTENTION_IMPLS, cuda_compute_capability, cudnn_unsupported
 
 # Width of a truncated standard normal on [-2, 2]; dividing by it gives samples of std exactly
 # `std`, like upstream's trunc_normal_init_ (and Flax's variance_scaling constant).
@@ -189,37 +189,6 @@ def apply_rotary(q_bshd, k_bshd, cos_sd, sin_sd):
     return q.astype(dtype), k.astype(dtype)
 
 
-def _cuda_compute_capability() -> tuple[int, int] | None:
-    """(major, minor) of the default device if it is an NVIDIA GPU, else None."""
-    if jax.default_backend() != "gpu":
-        return None
-    try:  # CUDA devices report e.g. "9.0"; ROCm ones a gfx name, which does not parse
-        major, minor = (int(v) for v in str(jax.devices()[0].compute_capability).split("."))
-    except (AttributeError, ValueError):
-        return None
-    return major, minor
-
-
-def _cudnn_unsupported(dtype, head_dim: int, cc: tuple[int, int] | None) -> str | None:
-    """Why cuDNN flash attention cannot run (None: it can); cc: the GPU's compute capability or None.
-
-    The rules are jax's own checks (jax/_src/cudnn/fused_attention_stablehlo.py): bf16/fp16 inputs,
-    head_dim a multiple of 8 and <= 128 (<= 256 from Hopper, compute capability 9.0, on). The same
-    rule as models/gpt/modeling.py: each port stands alone.
-    """
-    name = jnp.dtype(dtype).name
-    if name not in ("bfloat16", "float16"):
-        return f"the forward dtype is {name}; cuDNN flash attention needs bfloat16 or float16"
-    if head_dim % 8:  # TRMConfig checks these two as well, without jax
-        return f"head_dim {head_dim} is not a multiple of 8"
-    if cc is None:
-        return f"the default JAX backend is {jax.default_backend()!r}, not an NVIDIA GPU"
-    h_max = 256 if cc >= (9, 0) else 128
-    if head_dim > h_max:
-        return f"head_dim {head_dim} > {h_max} (the maximum at compute capability {cc})"
-    return None
-
-
 def resolve_attention_impl(requested: str, dtype, head_dim: int) -> str:
     """TRMConfig.attention_impl -> the implementation this call runs: explicit | xla | cudnn.
 
@@ -232,7 +201,7 @@ def resolve_attention_impl(requested: str, dtype, head_dim: int) -> str:
         )
     if requested in ("explicit", "xla"):
         return requested
-    why = _cudnn_unsupported(dtype, head_dim, _cuda_compute_capability())
+    why = cudnn_unsupported(dtype, head_dim, cuda_compute_capability())
     if requested == "auto":
         return "explicit" if why else "cudnn"
     if why:
