@@ -1,8 +1,8 @@
 """Entry point: `python -m train.main +experiment=NAME [key=value ...]`.
 
 Kept short on purpose (Flax examples/gemma style): distributed init, config, compilation cache,
-mesh, one call into the trainer. Environment for multi-process runs: JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and
-JAX_PROCESS_ID (local tests, train/launch.py); on Cloud TPU none are needed.
+mesh, one call into the trainer. Environment for multi-process runs: JAX_COORDINATOR_ADDRESS,
+JAX_NUM_PROCESSES and JAX_PROCESS_ID (local tests, train/launch.py); on Cloud TPU none are needed.
 """
 
 from __future__ import annotations
