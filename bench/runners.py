@@ -236,10 +236,28 @@ def _torch_info(dev, model, compile: bool) -> dict:
 # PyTorch nanoGPT
 
 
-class TorchGPTRunner:
+class _TorchRunner:
+    """What both torch runners share: n steps between two device syncs, memory stats. A subclass
+    defines `setup` and `_step` (one optimiser step, returning the loss tensor) and
+    `_loss_value` (the reported loss, comparable with the JAX side's)."""
+
     def __init__(self, cfg, spec, compile: bool):
         self.cfg, self.spec, self.compile = cfg, spec, compile
 
+    def run(self, n: int):
+        _torch_sync(self.dev)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            loss = self._step()
+        _torch_sync(self.dev)
+        dt = time.perf_counter() - t0
+        return dt, self._loss_value(loss)
+
+    def stats(self) -> dict:
+        return _torch_stats(self.dev)
+
+
+class TorchGPTRunner(_TorchRunner):
     def setup(self) -> dict:
         import contextlib
 
@@ -289,17 +307,8 @@ class TorchGPTRunner:
         self.iter_num += 1
         return loss
 
-    def run(self, n: int):
-        _torch_sync(self.dev)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            loss = self._step()
-        _torch_sync(self.dev)
-        dt = time.perf_counter() - t0
-        return dt, float(loss.detach().float().cpu())
-
-    def stats(self) -> dict:
-        return _torch_stats(self.dev)
+    def _loss_value(self, loss) -> float:
+        return float(loss.detach().float().cpu())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -325,12 +334,9 @@ def _trm_config_class():
     return sys.modules[name].TRMConfig
 
 
-class TorchTRMRunner:
+class TorchTRMRunner(_TorchRunner):
     """Upstream pretrain.py's train_batch on our PyTorch TRM: forward on the persistent carry,
     backward of loss / global_batch, SignSGD on the puzzle rows, AdamATan2, then the EMA."""
-
-    def __init__(self, cfg, spec, compile: bool):
-        self.cfg, self.spec, self.compile = cfg, spec, compile
 
     def setup(self) -> dict:
         import torch
@@ -402,14 +408,6 @@ class TorchTRMRunner:
             self.ema.update(self.model)
         return loss
 
-    def run(self, n: int):
-        _torch_sync(self.dev)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            loss = self._step()
-        _torch_sync(self.dev)
-        dt = time.perf_counter() - t0
-        return dt, float(loss.float().cpu()) / self.cfg["batch_size"]
-
-    def stats(self) -> dict:
-        return _torch_stats(self.dev)
+    def _loss_value(self, loss) -> float:
+        # the torch ACT loss head returns the batch sum; the trainer's metrics are per example
+        return float(loss.float().cpu()) / self.cfg["batch_size"]
