@@ -4,6 +4,11 @@ A check passes when, element by element, |actual - expected| <= rtol * |expected
 atol defaults to rtol * max|expected| (a floor at the tensor's own scale, so entries that happen to
 be near zero are not judged by a meaningless relative error). On failure the message gives the
 largest absolute and relative errors, the worst index, and both values there.
+
+Non-finite values fail, on either side, even where both sides agree (NaN vs NaN, -inf vs -inf): a
+parity test that compares two NaNs has proven nothing. A Tolerance with `nonfinite=True` opts in
+for tensors where infinities are the expected result (a masked logit); then the two non-finite masks
+must be identical, every infinity must have the same sign on both sides, and NaN matches only NaN.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ class Tolerance:
     rtol: float
     atol: float | None = None  # None: rtol * max|expected|
     why: str = ""
+    nonfinite: bool = False  # True: identical NaN/inf masks (same-signed infinities) may pass
 
 
 # The project-wide bounds. Tests may define narrower ones beside them, never wider ones without a
@@ -60,6 +66,7 @@ class Comparison:
     tolerance: Tolerance
     passed: bool
     scale: float = 0.0  # max|expected|
+    nonfinite: int = 0  # elements that are NaN or inf on either side
 
     @property
     def scale_rel(self) -> float:
@@ -74,6 +81,7 @@ class Comparison:
             f" max_abs={self.max_abs:.3e} rel_to_scale={self.scale_rel:.3e} max_rel={self.max_rel:.3e}"
             f" worst_index={self.worst_index}"
             f" actual={self.actual_at_worst!r} expected={self.expected_at_worst!r}"
+            + (f" nonfinite={self.nonfinite}" if self.nonfinite else "")
             + (f"  [{self.tolerance.why}]" if self.tolerance.why and not self.passed else "")
         )
 
@@ -91,11 +99,13 @@ def compare(name: str, actual, expected, tol: Tolerance) -> Comparison:
         e64 = e.astype(np.float64)
     if a64.size == 0:
         return Comparison(name, a.shape, 0.0, 0.0, (), 0.0, 0.0, tol, True)
-    if not (np.isfinite(a64).all() and np.isfinite(e64).all()):
-        same_nonfinite = np.array_equal(np.isfinite(a64), np.isfinite(e64))
-        if not same_nonfinite:
-            bad = np.argwhere(np.isfinite(a64) != np.isfinite(e64))[0]
-            idx = tuple(int(i) for i in bad)
+    a_fin, e_fin = np.isfinite(a64), np.isfinite(e64)
+    if not (a_fin.all() and e_fin.all()):
+        # same_nonfinite: NaN where the other side has NaN, +inf where +inf, -inf where -inf
+        same_nonfinite = (a_fin == e_fin) & (a_fin | (np.isnan(a64) & np.isnan(e64)) | (a64 == e64))
+        bad_mask = ~same_nonfinite if tol.nonfinite else ~(a_fin & e_fin)
+        if bad_mask.any():
+            idx = tuple(int(i) for i in np.argwhere(bad_mask)[0])
             return Comparison(
                 name,
                 a.shape,
@@ -106,9 +116,9 @@ def compare(name: str, actual, expected, tol: Tolerance) -> Comparison:
                 float(e64[idx]),
                 tol,
                 False,
+                nonfinite=int((~(a_fin & e_fin)).sum()),
             )
-        mask = np.isfinite(e64)
-        a64, e64 = np.where(mask, a64, 0.0), np.where(mask, e64, 0.0)
+        a64, e64 = np.where(e_fin, a64, 0.0), np.where(e_fin, e64, 0.0)
     diff = np.abs(a64 - e64)
     scale = float(np.max(np.abs(e64)))
     atol = tol.rtol * scale if tol.atol is None else tol.atol

@@ -233,17 +233,73 @@ def one_step_comparisons(head, model, batch_np, tol):
     return rows
 
 
+def rollout_envelope_rows(variant: str, train: bool, *, seeds=(1, 2), steps: int = 16, **overrides):
+    """Per ACT step of a float64 rollout: the worst envelope, the port's worst deviation and their
+    ratio over the float tensors (parity/envelope.py), for `python -m parity trm --rollout`."""
+    from parity.envelope import check_within_envelope, measure_envelope, perturbed_copies
+
+    cfg = tiny_config(variant, "float64", halt_exploration_prob=0.5, **overrides)
+    head, model = to_float64(*make_pair(cfg, 0, q_bias=0.0))
+    ref = torch_rollout(head, cfg, train=train, steps=steps)
+    env = measure_envelope(
+        ref,
+        (torch_rollout(h, cfg, train=train, steps=steps) for h in perturbed_copies(head, seeds)),
+    )
+    compared = check_within_envelope(jax_rollout(model, cfg, train=train, steps=steps), ref, env)
+    rows = []
+    for i, comps in enumerate(compared):
+        floats = [c for c in comps if c.tolerance.name.startswith("envelope")]
+        # in units of the envelope, floored where the bound is (FLOAT64 / factor)
+        ratios = [
+            c.scale_rel / max(env.steps[i][c.name.split(" ", 2)[2]], FLOAT64.rtol / env.factor)
+            for c in floats
+        ]
+        worst = max(range(len(floats)), key=lambda j: ratios[j])
+        rows.append(
+            dict(
+                step=i + 1,
+                envelope=max(env.steps[i].values()),
+                port=max(c.scale_rel for c in floats),
+                worst_ratio=ratios[worst],
+                worst_tensor=floats[worst].name.split(" ", 2)[2],
+                passed=all(c.passed for c in comps),
+            )
+        )
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m parity trm", description=__doc__.splitlines()[0])
     p.add_argument("--variant", choices=VARIANTS, default="mlp_t")
     p.add_argument("--dtype", choices=tuple(TOLERANCES), default="float32")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--rollout",
+        choices=("train", "eval"),
+        help="instead of one step: a 16-step float64 rollout against its one-ulp envelope",
+    )
+    p.add_argument("--L-cycles", type=int, default=None, help="override L_cycles (rollout)")
     args = p.parse_args(argv)
     import contextlib
 
     import jax
 
     jax.config.update("jax_default_matmul_precision", "highest")
+    if args.rollout:
+        extra = {} if args.L_cycles is None else dict(L_cycles=args.L_cycles)
+        with jax.enable_x64(True):
+            rows = rollout_envelope_rows(args.variant, args.rollout == "train", **extra)
+        print(
+            f"TRM rollout, variant={args.variant} mode={args.rollout} float64: per ACT step, the"
+            " one-ulp envelope, the port's deviation (both max|a-e|/max|e|) and their worst ratio"
+        )
+        print(f"{'step':>4} {'envelope':>10} {'port':>10} {'ratio':>8}  worst tensor")
+        for r in rows:
+            print(
+                f"{r['step']:>4} {r['envelope']:>10.2e} {r['port']:>10.2e} {r['worst_ratio']:>8.2f}"
+                f"  {r['worst_tensor']}{'' if r['passed'] else '  FAIL'}"
+            )
+        return 0 if all(r["passed"] for r in rows) else 1
     ctx = jax.enable_x64(True) if args.dtype == "float64" else contextlib.nullcontext()
     with ctx:
         extra = {}
@@ -348,15 +404,55 @@ def jax_grads(model, batch_np, exploration, loss_type="stablemax_cross_entropy")
     return float(loss), grads
 
 
-def rollout(head, model, config, *, steps: int = 16, train: bool = True, seed: int = 0):
-    """Run both sides `steps` ACT steps, a NEW batch every step (so halted slots are refilled),
-    the same exploration draws; yields per-step (name, jax value, torch value) triples."""
+def _rollout_batches(config, steps: int, seed: int):
+    """The rollout's inputs: a NEW batch every step (so halted slots are refilled) and the
+    exploration draws of that step, the same for both sides."""
+    return [
+        (make_batch(config, seed + 100 + step), fixed_exploration(config, seed + 100 + step))
+        for step in range(steps)
+    ]
+
+
+def torch_rollout(head, config, *, steps: int = 16, train: bool = True, seed: int = 0):
+    """`steps` ACT steps of the torch reference; per step `(exact, floats)`: name -> tensor for the
+    integer state (steps, halted, current data) and for the float state (carry, outputs, loss,
+    metrics)."""
     import torch
+
+    head.train(train)
+    batch0 = make_batch(config, seed)
+    carry = head.initial_carry(to_torch_batch(batch0))
+    out = []
+    for batch, expl in _rollout_batches(config, steps, seed):
+        with torch.no_grad():
+            carry, loss, metrics, outputs, _ = head(
+                carry=carry,
+                batch=to_torch_batch(batch),
+                exploration=tuple(torch.from_numpy(e) for e in expl),
+                return_keys=("logits", "q_halt_logits", "q_continue_logits", "target_q_continue"),
+            )
+        exact = {"steps": carry.steps, "halted": carry.halted}
+        exact.update({f"current_data.{k}": v for k, v in carry.current_data.items()})
+        floats = dict(carry.inner_carry)
+        floats.update(outputs)
+        floats["loss"] = loss
+        floats.update({f"metrics.{k}": v for k, v in metrics.items()})
+        out.append(
+            ({k: v.numpy() for k, v in exact.items()}, {k: v.numpy() for k, v in floats.items()})
+        )
+    return out
+
+
+def jax_rollout(
+    model, config, *, steps: int = 16, train: bool = True, seed: int = 0, carry_fn=None
+):
+    """The same rollout through the port, one jitted step per ACT step, in the torch side's
+    layout. `carry_fn(step, carry) -> carry`, if given, edits the carry between steps (the
+    envelope tests inject a wrong carry with it)."""
     from flax import nnx
 
     from models.trm import act_loss
 
-    head.train(train)
     model.train() if train else model.eval()
 
     @nnx.jit
@@ -365,30 +461,22 @@ def rollout(head, model, config, *, steps: int = 16, train: bool = True, seed: i
         loss, metrics = act_loss(carry, out)
         return carry, out, loss, metrics
 
-    batch0 = make_batch(config, seed)
-    jcarry = model.initial_carry(to_jax(batch0))
-    tcarry = head.initial_carry(to_torch_batch(batch0))
-    for step in range(steps):
-        batch = make_batch(config, seed + 100 + step)
-        expl = fixed_exploration(config, seed + 100 + step)
-        jcarry, jout, jloss, jmetrics = jstep(
-            model, jcarry, to_jax(batch), tuple(np.asarray(e) for e in expl)
-        )
-        with torch.no_grad():
-            tcarry, tloss, tmetrics, tout, _ = head(
-                carry=tcarry,
-                batch=to_torch_batch(batch),
-                exploration=tuple(torch.from_numpy(e) for e in expl),
-                return_keys=("logits", "q_halt_logits", "q_continue_logits", "target_q_continue"),
+    carry = model.initial_carry(to_jax(make_batch(config, seed)))
+    out = []
+    for step, (batch, expl) in enumerate(_rollout_batches(config, steps, seed)):
+        if carry_fn is not None:
+            carry = carry_fn(step, carry)
+        carry, outputs, loss, metrics = jstep(model, carry, to_jax(batch), expl)
+        exact = {"steps": carry.steps, "halted": carry.halted}
+        exact.update({f"current_data.{k}": v for k, v in carry.current_data.items()})
+        floats = dict(carry.inner_carry)
+        floats.update(outputs)
+        floats["loss"] = loss
+        floats.update({f"metrics.{k}": v for k, v in metrics.items()})
+        out.append(
+            (
+                {k: np.asarray(v) for k, v in exact.items()},
+                {k: np.asarray(v) for k, v in floats.items()},
             )
-        rows = [("steps", jcarry.steps, tcarry.steps), ("halted", jcarry.halted, tcarry.halted)]
-        rows += [
-            (f"current_data.{k}", jcarry.current_data[k], tcarry.current_data[k])
-            for k in tcarry.current_data
-        ]
-        floats = [(n, jcarry.inner_carry[n], tcarry.inner_carry[n]) for n in tcarry.inner_carry]
-        floats += [(k, jout[k], tout[k]) for k in tout]
-        floats += [("loss", jloss, tloss)] + [
-            (f"metrics.{k}", jmetrics[k], tmetrics[k]) for k in tmetrics
-        ]
-        yield step, rows, floats
+        )
+    return out

@@ -39,3 +39,51 @@ def test_nan_mismatch_fails_and_exact_requires_equality():
 def test_shape_mismatch_is_an_error():
     with pytest.raises(AssertionError, match="shape mismatch"):
         compare("x", np.zeros(3), np.zeros(4), FLOAT32)
+
+
+NAN, INF = np.nan, np.inf
+# (actual, expected) pairs whose non-finite entries agree in kind and sign
+MATCHING_NONFINITE = [
+    ([NAN, 1.0], [NAN, 1.0]),
+    ([INF, 1.0], [INF, 1.0]),
+    ([-INF, 1.0], [-INF, 1.0]),
+    ([NAN, -INF, INF, 2.0], [NAN, -INF, INF, 2.0]),
+]
+# pairs that differ in a non-finite entry: mask, kind or sign
+DIFFERING_NONFINITE = [
+    ([NAN, 1.0], [INF, 1.0]),  # NaN vs inf
+    ([INF, 1.0], [NAN, 1.0]),
+    ([-INF, 1.0], [INF, 1.0]),  # opposite infinities
+    ([NAN, 1.0], [1.0, 1.0]),  # non-finite on one side only
+    ([1.0, 1.0], [-INF, 1.0]),
+]
+
+
+@pytest.mark.parametrize("tol", [EXACT, FLOAT32, Tolerance("loose", 1.0)], ids=lambda t: t.name)
+@pytest.mark.parametrize("pair", MATCHING_NONFINITE + DIFFERING_NONFINITE)
+def test_nonfinite_values_fail_by_default(pair, tol):
+    """NaN vs NaN proves nothing: any non-finite value fails unless the Tolerance opts in."""
+    c = compare("x", np.array(pair[0]), np.array(pair[1]), tol)
+    assert not c.passed and c.nonfinite >= 1
+    assert "nonfinite=" in c.message()
+
+
+@pytest.mark.parametrize("pair", MATCHING_NONFINITE)
+def test_opted_in_nonfinite_passes_identical_masks(pair):
+    tol = Tolerance("masked-exact", 0.0, 0.0, nonfinite=True)
+    assert compare("x", np.array(pair[0]), np.array(pair[1]), tol).passed
+
+
+@pytest.mark.parametrize("pair", DIFFERING_NONFINITE)
+def test_opted_in_nonfinite_still_fails_different_masks_or_signs(pair):
+    tol = Tolerance("masked-loose", 1.0, nonfinite=True)
+    c = compare("x", np.array(pair[0]), np.array(pair[1]), tol)
+    assert not c.passed and c.worst_index == (0,)
+
+
+def test_opted_in_nonfinite_still_checks_the_finite_entries():
+    tol = Tolerance("masked-exact", 0.0, 0.0, nonfinite=True)
+    assert not compare("x", np.array([-INF, 1.0]), np.array([-INF, 1.5]), tol).passed
+    # a float32 infinity against a float64 one is the same infinity
+    a = np.array([-INF, 1.0], np.float32)
+    assert compare("x", a, a.astype(np.float64), tol).passed

@@ -255,6 +255,14 @@ class TRM(nnx.Module):
         k = jax.random.randint(kk, (b,), 2, self.config.halt_max_steps + 1, jnp.int32)
         return u, k
 
+    def halting_rule(self, q_halt, q_continue):
+        """Where the Q head halts a row: q_halt > 0 for TRM; q_halt > q_continue for HRM, the
+        baseline and no_ACT_continue=False (upstream's rules)."""
+        c = self.config
+        if c.arch in ("hrm", "transformers_baseline") or not c.no_ACT_continue:
+            return q_halt > q_continue
+        return q_halt > 0
+
     def __call__(
         self,
         carry: TRMCarry,
@@ -281,8 +289,7 @@ class TRM(nnx.Module):
         is_last = new_steps >= c.halt_max_steps
         new_halted = is_last
         if self._adaptive():
-            hrm_rule = c.arch in ("hrm", "transformers_baseline") or not c.no_ACT_continue
-            new_halted = new_halted | ((q_halt_ng > q_cont_ng) if hrm_rule else (q_halt_ng > 0))
+            new_halted = new_halted | self.halting_rule(q_halt_ng, q_cont_ng)
             if self.training:
                 u, k = self._exploration_draws(q_halt.shape[0], exploration)
                 min_halt = jnp.where(u < c.halt_exploration_prob, k, 0)
