@@ -27,7 +27,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from parity.compare import EXACT, FLOAT32, Tolerance, assert_close  # noqa: E402
+from parity.compare import EXACT, assert_close  # noqa: E402
 from parity.envelope import (  # noqa: E402
     assert_within_envelope,
     check_within_envelope,
@@ -38,17 +38,13 @@ from parity.envelope import (  # noqa: E402
 from parity.report_trm import (  # noqa: E402
     jax_rollout,
     make_pair,
+    rollout_tolerance_for,
     tiny_config,
     to_float64,
     torch_rollout,
 )
 
 ENVELOPE_SEEDS = (1, 2)  # two perturbed reference runs; the envelope is their max per tensor
-
-
-def _accuracy_float32(step: int, name: str) -> Tolerance | None:
-    # `accuracy` is a float32 sum by upstream's definition (is_correct.to(float32) / divisor)
-    return FLOAT32 if name == "metrics.accuracy" else None
 
 
 def _setup(variant, train, **overrides):
@@ -62,7 +58,7 @@ def _setup(variant, train, **overrides):
 def _run(variant, train, **overrides):
     cfg, model, ref, env = _setup(variant, train, **overrides)
     port = jax_rollout(model, cfg, train=train)
-    assert_within_envelope(port, ref, env, tolerance_for=_accuracy_float32)
+    assert_within_envelope(port, ref, env, tolerance_for=rollout_tolerance_for)
     halted = np.stack([exact["halted"] for exact, _ in port])
     refills = int(halted[:-1].sum())  # a row halted at step t is refilled at step t + 1
     return halted, refills
@@ -130,7 +126,7 @@ def test_envelope_refuses_a_rollout_on_a_tie():
 
 
 def _first_failure(port, ref, env):
-    compared = check_within_envelope(port, ref, env, tolerance_for=_accuracy_float32)
+    compared = check_within_envelope(port, ref, env, tolerance_for=rollout_tolerance_for)
     bad = [c for c in compared[-1] if not c.passed]
     return len(compared), bad
 
