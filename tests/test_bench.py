@@ -197,10 +197,14 @@ def test_bench_configs_mirror_the_trainer_experiments():
         assert rc["dtype"] == cfg.dtype, name
 
 
-def test_ttq_torch_side_stops_at_target(tmp_path, monkeypatch, shared_data_dir):
+def test_ttq_torch_side_stops_at_target(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     # The driver: same data stream, eval every K steps, stop at the first eval meeting the target.
+    # The text is train.testing.synthetic_text (47 characters, below the model's vocab of 65).
     from bench import ttq
+    from train.testing import synthetic_text
+
+    (tmp_path / "input.txt").write_text(synthetic_text(), encoding="utf-8")
 
     micro = bench_configs.BenchConfig(
         **{**_MICRO_GPT.__dict__, "name": "micro_char", "model": dict(_MICRO_GPT.model, vocab_size=65),
@@ -216,7 +220,7 @@ def test_ttq_torch_side_stops_at_target(tmp_path, monkeypatch, shared_data_dir):
             "--data-dir",
             str(tmp_path / "d"),
             "--input",
-            f"{shared_data_dir}/tinyshakespeare/input.txt",
+            str(tmp_path / "input.txt"),
             "--out",
             str(tmp_path),
         ]  # fmt: skip

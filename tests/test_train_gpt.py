@@ -19,9 +19,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
-def text_dir(tmp_path_factory, shared_data_dir):
-    dest = str(tmp_path_factory.mktemp("shakespeare_char"))
-    return build_tiny_text(dest, os.path.join(shared_data_dir, "tinyshakespeare", "input.txt"))
+def text_dir(tmp_path_factory):
+    """A char-level data set built by data.shakespeare_char from train.testing.synthetic_text:
+    what these tests check (sharding, resume, export) does not depend on the text."""
+    return build_tiny_text(str(tmp_path_factory.mktemp("synthetic_char")))
 
 
 def _run(overrides, n_devices):
