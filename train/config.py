@@ -226,7 +226,7 @@ def validate(cfg: DictConfig) -> None:
     if c.best_mode not in ("min", "max"):
         raise ConfigError(f"checkpoint.best_mode must be min or max, got {c.best_mode!r}")
     if cfg.task == "trm":
-        from train.trm_task import optim_config  # C's TRMOptimConfig (models/trm/train_step.py)
+        from train.trm_task import optim_config  # TRMOptimConfig (models/trm/train_step.py)
 
         try:
             optim_config(cfg)
