@@ -326,7 +326,7 @@ def test_rebuilding_the_upstream_copy_reproduces_its_files(tmp_path, shared_data
 
 @pytest.mark.slow
 def test_generating_1000_hardish_puzzles_fits_the_cpu_budget():
-    # The brief: 1000 puzzles well under a minute on 2 cores. CPU time, not wall time, so a loaded
+    # The budget: 1000 puzzles well under a minute on 2 cores. CPU time, not wall time, so a loaded
     # machine does not fail it; measured 27 s of CPU (about 14 s wall on two idle cores).
     import time
 
