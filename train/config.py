@@ -108,7 +108,7 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     model: dict[str, Any] = field(default_factory=dict)  # kwargs of TRMConfig / GPTConfig
-    data: dict[str, Any] = field(default_factory=dict)  # task-specific, see train/tasks
+    data: dict[str, Any] = field(default_factory=dict)  # task-specific: train/*_task.py
     optim: dict[str, Any] = field(default_factory=dict)  # TRM: models.trm.train_step.TRMOptimConfig
 
 
