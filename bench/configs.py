@@ -4,8 +4,8 @@ Each entry names the trainer experiment it measures (configs/experiment/<experim
 bench overrides (e.g. nanoGPT bench.py's 12-sequence micro-batch for GPT-2 124M). `resolve()`
 composes that experiment exactly as `python -m train.main +experiment=...` does, so the JAX side
 runs the trainer's own config and the PyTorch side reads its model/optimiser/batch from the same
-composed values. When an experiment file does not exist (yet), the fields written here are used
-instead, and the resolved record says so (`source`).
+composed values. An entry that names no experiment (gpt_shakespeare_char), or whose experiment
+file is missing, uses the fields written here instead, and the resolved record says so (`source`).
 
 Model fields use nanoGPT / upstream TRM names, so they feed `GPTConfig`/`TRMConfig` and the
 PyTorch references unchanged. `*_tiny` configs are sized for a 2-core CPU; the others are the
@@ -112,7 +112,7 @@ _add(
         batch_size=12,
         dtype="float32",
         optim={**_GPT_CHAR_OPTIM, "lr_decay_iters": 300, "max_iters": 300, "warmup_iters": 20},
-        # E's tiny experiment reaches ~2.5 after its 300 scheduled steps
+        # configs/experiment/gpt_shakespeare_char_tiny.yaml: ~2.5 after its 300 scheduled steps
         ttq=dict(metric="val_loss", target=2.6, eval_interval=50, eval_iters=20, max_steps=300),
         experiment="gpt_shakespeare_char_tiny",
     )

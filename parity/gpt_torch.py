@@ -1,4 +1,4 @@
-"""Our PyTorch nanoGPT, written from the facts in the nanoGPT spec (not copied).
+"""Our PyTorch nanoGPT, written for this project (not copied from nanoGPT).
 
 Module names, parameter names, shapes, init and state_dict keys are nanoGPT's, so a real nanoGPT
 checkpoint loads with `load_state_dict` unchanged and `models.gpt.to_torch` output loads strictly.

@@ -1,5 +1,5 @@
-"""Our own PyTorch reference for TRM's optimisation stack, written from the upstream spec
-(§2.8, §4.2-4.4 of trm_upstream_spec.md), not copied from upstream.
+"""Our own PyTorch reference for TRM's optimisation stack, written for this project from
+upstream's documented behaviour (its optimiser, schedule, EMA and train_batch), not copied.
 
 - `AdamATan2`: imoneoi/adam-atan2's update (NOT lucidrains' adam-atan2-pytorch, which has a/b
   scale factors and rejects lr = 0).

@@ -144,7 +144,8 @@ def test_memory_report_of_a_cpu_compiled_fsdp_step():
 
 @pytest.mark.slow  # ~10 s of CPU to compile the trainer's step; the tpu_aot test covers it too
 def test_real_gpt_step_on_8_cpu_devices_through_hydra():
-    """The trainer's own step (E's builder), composed from the repo's Hydra configs, FSDP on CPU."""
+    """The trainer's own step (train.step.build_train_step), composed from the repo's Hydra
+    configs, FSDP on CPU."""
     from train import mesh as mesh_lib
     from train.compose import load_config
     from train.step import build_train_step, make_task
@@ -242,6 +243,7 @@ def test_aot_v4_64_production_experiments_fit(tmp_path, overrides):
 @pytest.mark.tpu_aot
 def test_aot_v4_64_trm_sudoku_with_float64_loss_compiles(tmp_path):
     """Upstream's float64 stablemax turns x64 on; SignSGD's index math must stay int32 or the TPU
-    compile runs out of vmem (fixed in models/trm/optim.py::_unique_int32; measured 1.50 GiB/device)."""
+    compile runs out of vmem (models/trm/optim.py::_unique_int32). Measured: 1.63 GiB per device,
+    docs/sharding.md."""
     proc = _run_aot("+experiment=trm_sudoku", "mesh=v4-64", timeout=3000)
     assert proc.returncode == 0, proc.stderr[-3000:]

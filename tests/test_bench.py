@@ -16,8 +16,8 @@ from bench import flops, harness
 
 
 def test_gpt_flops_match_nanogpt_published_counts():
-    # nanoGPT spec §1.8 [derived]: N and FLOPs per token of the train config, the HF shape and
-    # shakespeare_char.
+    # N and FLOPs per token of nanoGPT's train config, the HF shape and shakespeare_char, worked
+    # out by hand from nanoGPT's get_num_params and estimate_mfu (6N + 12LHQT, T = block_size).
     gpt2 = dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50304, block_size=1024, bias=False)
     assert flops.gpt_num_params(gpt2) == 123_587_328
     assert flops.gpt_flops_per_token(gpt2) == 854_770_176
@@ -59,8 +59,9 @@ def test_trm_block_flops_by_hand():
 
 
 def test_trm_sudoku_counts():
-    # Sudoku mlp_t: 42 block applications per ACT step (trm spec §2.5); token MLP width 512 for
-    # 97 positions and channel width 1536 for 512 (spec §2.2 table).
+    # Sudoku mlp_t: 42 block applications per ACT step (H_cycles 3 x (L_cycles 6 + 1) x 2 layers);
+    # token MLP width 512 for 97 positions and channel width 1536 for 512 (round(4 * d * 2/3) rounded
+    # up to a multiple of 256).
     cfg = bench_configs.get("trm_sudoku").model
     step = flops.trm_flops_per_step(cfg, batch_size=1)
     assert step["block_applications"] == 42
@@ -197,10 +198,14 @@ def test_bench_configs_mirror_the_trainer_experiments():
         assert rc["dtype"] == cfg.dtype, name
 
 
-def test_ttq_torch_side_stops_at_target(tmp_path, monkeypatch, shared_data_dir):
+def test_ttq_torch_side_stops_at_target(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     # The driver: same data stream, eval every K steps, stop at the first eval meeting the target.
+    # The text is train.testing.synthetic_text (47 characters, below the model's vocab of 65).
     from bench import ttq
+    from train.testing import synthetic_text
+
+    (tmp_path / "input.txt").write_text(synthetic_text(), encoding="utf-8")
 
     micro = bench_configs.BenchConfig(
         **{**_MICRO_GPT.__dict__, "name": "micro_char", "model": dict(_MICRO_GPT.model, vocab_size=65),
@@ -216,7 +221,7 @@ def test_ttq_torch_side_stops_at_target(tmp_path, monkeypatch, shared_data_dir):
             "--data-dir",
             str(tmp_path / "d"),
             "--input",
-            f"{shared_data_dir}/tinyshakespeare/input.txt",
+            str(tmp_path / "input.txt"),
             "--out",
             str(tmp_path),
         ]  # fmt: skip

@@ -1,4 +1,5 @@
-"""ARC builder, augmentations and evaluator, on real ARC tasks from ../shared/data."""
+"""ARC builder, augmentations and evaluator, on small synthetic ARC tasks (synthetic_tasks); one
+test builds the real ARC-AGI-1 subsets from ../shared/data and checks upstream's counts."""
 
 from __future__ import annotations
 
@@ -24,22 +25,43 @@ TRAIN_TASKS, EVAL_TASKS = 4, 3
 NUM_AUG = 3
 
 
+def synthetic_tasks(n: int, seed: int, *, prefix: str, two_tests: bool = False):
+    """`n` made-up ARC tasks as Kaggle-layout (challenges, solutions) dicts.
+
+    Each task has one rule: a dihedral transform of the grid, then every colour c -> (c + k) % 10
+    with k in 1..9, so no output equals its input. Grids are 2-9 cells a side with random colours
+    (0 included), 2-4 demonstrations and one test input (two in the first task if `two_tests`)."""
+    rng = np.random.default_rng(seed)
+    challenges, solutions = {}, {}
+    for t in range(n):
+        tid, k = int(rng.integers(8)), int(rng.integers(1, 10))
+
+        def pair(tid=tid, k=k):
+            g = rng.integers(0, 10, size=tuple(rng.integers(2, 10, size=2)))
+            return g.tolist(), ((dihedral_transform(g, tid) + k) % 10).tolist()
+
+        demos = [pair() for _ in range(int(rng.integers(2, 5)))]
+        tests = [pair() for _ in range(2 if two_tests and t == 0 else 1)]
+        name = f"{prefix}{t:04x}"
+        challenges[name] = {
+            "train": [{"input": i, "output": o} for i, o in demos],
+            "test": [{"input": i} for i, _ in tests],
+        }
+        solutions[name] = [o for _, o in tests]
+    return challenges, solutions
+
+
 @pytest.fixture(scope="module")
-def kaggle_prefix(shared_data_dir, tmp_path_factory):
-    """A small Kaggle-layout copy: the first tasks of 'training' and of 'evaluation' (chosen so at
-    least one evaluation task has two test inputs)."""
+def kaggle_prefix(tmp_path_factory):
+    """A small Kaggle-layout folder of synthetic tasks (synthetic_tasks): 'training' and
+    'evaluation', whose first task has two test inputs."""
     root = tmp_path_factory.mktemp("kaggle")
-    src = f"{shared_data_dir}/trm-arc-kaggle-combined/arc-agi"
-    for subset, n in (("training", TRAIN_TASKS), ("evaluation", EVAL_TASKS)):
-        ch = json.load(open(f"{src}_{subset}_challenges.json"))
-        so = json.load(open(f"{src}_{subset}_solutions.json"))
-        ids = sorted(ch)
-        if subset == "evaluation":  # put a two-test-input task first
-            two = next(i for i in ids if len(ch[i]["test"]) == 2)
-            ids = [two] + [i for i in ids if i != two]
-        ids = ids[:n]
-        json.dump({i: ch[i] for i in ids}, open(root / f"arc-agi_{subset}_challenges.json", "w"))
-        json.dump({i: so[i] for i in ids}, open(root / f"arc-agi_{subset}_solutions.json", "w"))
+    for subset, n, seed in (("training", TRAIN_TASKS, 0), ("evaluation", EVAL_TASKS, 1)):
+        ch, so = synthetic_tasks(
+            n, seed, prefix=f"{subset[:2]}00", two_tests=subset == "evaluation"
+        )
+        (root / f"arc-agi_{subset}_challenges.json").write_text(json.dumps(ch))
+        (root / f"arc-agi_{subset}_solutions.json").write_text(json.dumps(so))
     return str(root / "arc-agi")
 
 

@@ -13,15 +13,77 @@ from data.augment import dihedral_transform, inverse_dihedral_transform
 from data.puzzle_format import load_split
 
 
+def generate_mazes(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """`n` solved 30x30 mazes as token rows (inputs, labels), uint8 [n, 900].
+
+    A depth-first "recursive backtracker" carves a perfect maze (one route between any two cells)
+    through the 14x14 rooms at odd coordinates; S and G go in two random rooms, and the label
+    draws the one route between them in 'o' (found by breadth-first search). The rest of the maze
+    stays open but off the route, as in Maze-Hard."""
+    rng = np.random.default_rng(seed)
+    rooms = (maze.GRID - 2) // 2  # rooms at 1, 3, ..., 27; rows/columns 28 and 29 stay wall
+    inputs, labels = [], []
+    for _ in range(n):
+        x = np.full((maze.GRID, maze.GRID), maze.WALL, np.uint8)
+        seen = np.zeros((rooms, rooms), bool)
+        stack = [(int(rng.integers(rooms)), int(rng.integers(rooms)))]
+        seen[stack[0]] = True
+        x[2 * stack[0][0] + 1, 2 * stack[0][1] + 1] = maze.OPEN
+        while stack:
+            i, j = stack[-1]
+            nexts = [
+                (i + di, j + dj)
+                for di, dj in ((1, 0), (-1, 0), (0, 1), (0, -1))
+                if 0 <= i + di < rooms and 0 <= j + dj < rooms and not seen[i + di, j + dj]
+            ]
+            if not nexts:
+                stack.pop()
+                continue
+            a, b = nexts[int(rng.integers(len(nexts)))]
+            seen[a, b] = True
+            x[i + a + 1, j + b + 1] = x[2 * a + 1, 2 * b + 1] = maze.OPEN  # the wall between, room
+            stack.append((a, b))
+        open_cells = np.argwhere(x == maze.OPEN)
+        s, g = (tuple(open_cells[k]) for k in rng.choice(len(open_cells), 2, replace=False))
+        x[s], x[g] = maze.START, maze.GOAL
+        prev = {s: None}
+        frontier = [s]
+        while g not in prev:  # breadth-first search from S over the non-wall cells
+            nxt = []
+            for i, j in frontier:
+                for c in ((i + 1, j), (i - 1, j), (i, j + 1), (i, j - 1)):
+                    if c not in prev and x[c] != maze.WALL:
+                        prev[c] = (i, j)
+                        nxt.append(c)
+            frontier = nxt
+        y = x.copy()
+        c = prev[g]
+        while c != s:
+            y[c] = maze.PATH
+            c = prev[c]
+        inputs.append(x.reshape(-1))
+        labels.append(y.reshape(-1))
+    return np.stack(inputs), np.stack(labels)
+
+
 @pytest.fixture(scope="module")
 def fixture_dir(shared_data_dir):
+    """The real Maze-Hard copy (upstream layout); only the byte-identity test reads it."""
     return os.path.join(shared_data_dir, "maze-30x30-hard-1k")
 
 
 @pytest.fixture(scope="module")
-def fixture_rows(fixture_dir):
-    s = load_split(fixture_dir, "train", raw=True).all
-    return np.asarray(s.inputs[:6]), np.asarray(s.labels[:6])
+def fixture_rows():
+    """Six generated mazes: every test but the byte-identity one runs without ../shared/data."""
+    return generate_mazes(6, seed=0)
+
+
+def test_generated_mazes_are_valid_and_distinct(fixture_rows):
+    x, y = fixture_rows
+    maze.validate_mazes(x, y)
+    assert len({r.tobytes() for r in x}) == len(x)
+    for r in range(len(x)):  # a route of several cells, and open cells left off it
+        assert (y[r] == maze.PATH).sum() >= 2 and (y[r] == maze.OPEN).sum() >= 50
 
 
 def _chars(row) -> str:

@@ -247,13 +247,17 @@ def test_download_uses_urllib_and_explains_offline(tmp_path, monkeypatch, genera
     assert os.listdir(tmp_path / "cache") == ["train.csv"], "no partial file left"
 
 
-def test_build_from_upstream_copy(tmp_path, shared_data_dir):
-    src = os.path.join(shared_data_dir, "sudoku", "sudoku-extreme-1k-train-only")
+def test_build_from_an_upstream_layout_folder(tmp_path, generated):
+    # --input-upstream on a folder in upstream's layout (written here from the generated puzzles;
+    # test_rebuilding_the_upstream_copy_reproduces_its_files reads upstream's own files).
+    puzzles, solutions, ratings = generated
+    src = tmp_path / "upstream"
+    sudoku.build_sudoku(str(src), sudoku.SudokuRecords(puzzles, solutions, ratings), None)
     out = tmp_path / "up"
     summary = sudoku.main(
         [
             "--input-upstream",
-            src,
+            str(src),
             "--output-dir",
             str(out),
             "--subsample-size",
@@ -322,7 +326,7 @@ def test_rebuilding_the_upstream_copy_reproduces_its_files(tmp_path, shared_data
 
 @pytest.mark.slow
 def test_generating_1000_hardish_puzzles_fits_the_cpu_budget():
-    # The brief: 1000 puzzles well under a minute on 2 cores. CPU time, not wall time, so a loaded
+    # The budget: 1000 puzzles well under a minute on 2 cores. CPU time, not wall time, so a loaded
     # machine does not fail it; measured 27 s of CPU (about 14 s wall on two idle cores).
     import time
 

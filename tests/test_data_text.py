@@ -232,6 +232,22 @@ def test_shakespeare_download_path_through_a_file_url(tmp_path):
         shakespeare_char.build(tmp_path / "out2", url=f"file://{tmp_path}/missing.txt")
 
 
+def test_synthetic_text_is_the_same_everywhere(tmp_path):
+    """train.testing.synthetic_text stands in for tiny-shakespeare in the trainer and bench tests;
+    its hash is pinned so every clone trains on the same characters."""
+    import hashlib
+
+    from train.testing import build_tiny_text, synthetic_text
+
+    text = synthetic_text()
+    assert len(text) == 60_000 and len(set(text)) == 47
+    assert hashlib.sha256(text.encode()).hexdigest()[:12] == "370a45d79e9d"
+    assert synthetic_text(seed=1) != text
+    build_tiny_text(str(tmp_path / "d"))
+    assert read_meta(tmp_path / "d")["vocab_size"] == 47
+    assert len(read_token_bin(tmp_path / "d" / "val.bin")) == 6_000
+
+
 def test_openwebtext_worker_processes_give_the_same_bins(tmp_path):
     _tiny_corpus(tmp_path)
     inputs = [str(tmp_path / "txt"), str(tmp_path / "rest.jsonl")]

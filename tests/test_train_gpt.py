@@ -19,9 +19,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
-def text_dir(tmp_path_factory, shared_data_dir):
-    dest = str(tmp_path_factory.mktemp("shakespeare_char"))
-    return build_tiny_text(dest, os.path.join(shared_data_dir, "tinyshakespeare", "input.txt"))
+def text_dir(tmp_path_factory):
+    """A char-level data set built by data.shakespeare_char from train.testing.synthetic_text:
+    what these tests check (sharding, resume, export) does not depend on the text."""
+    return build_tiny_text(str(tmp_path_factory.mktemp("synthetic_char")))
 
 
 def _run(overrides, n_devices):
@@ -56,7 +57,8 @@ def test_gpt_kill_and_resume_is_bit_identical(text_dir, tmp_path):
     (params, Adam moments, step, dropout RNG and the Grain iterator all come back).
 
     With dropout 0.1 AND 2 accumulation micro-steps: dropout runs inside the accumulation scan
-    (models/gpt/train_step.py re-merges fresh Variables there; it used to raise TraceContextError)."""
+    (models/gpt/train_step.py re-merges fresh Variables there; a model merged outside the scan
+    raises TraceContextError when it draws a mask, docs/porting_nanogpt.md trap 17)."""
     out = str(tmp_path)
     accum = ["trainer.gradient_accumulation_steps=2", "trainer.global_batch_size=16"]
     base = tiny_gpt_overrides(text_dir, out, "straight") + accum

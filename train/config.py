@@ -108,7 +108,7 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     model: dict[str, Any] = field(default_factory=dict)  # kwargs of TRMConfig / GPTConfig
-    data: dict[str, Any] = field(default_factory=dict)  # task-specific, see train/tasks
+    data: dict[str, Any] = field(default_factory=dict)  # task-specific: train/*_task.py
     optim: dict[str, Any] = field(default_factory=dict)  # TRM: models.trm.train_step.TRMOptimConfig
 
 
@@ -226,7 +226,7 @@ def validate(cfg: DictConfig) -> None:
     if c.best_mode not in ("min", "max"):
         raise ConfigError(f"checkpoint.best_mode must be min or max, got {c.best_mode!r}")
     if cfg.task == "trm":
-        from train.trm_task import optim_config  # C's TRMOptimConfig (models/trm/train_step.py)
+        from train.trm_task import optim_config  # TRMOptimConfig (models/trm/train_step.py)
 
         try:
             optim_config(cfg)

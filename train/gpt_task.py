@@ -1,4 +1,5 @@
-"""nanoGPT on the trainer: A's model and optimisation math (models.gpt), D2's token windows.
+"""nanoGPT on the trainer: the model and optimisation math (models.gpt), token windows from
+data.text_source.
 
 Semantics of nanoGPT's train.py: AdamW with decay on ndim >= 2, warmup + cosine `get_lr` read from
 the optimizer's update count, global-norm clipping with torch's 1e-6, `gradient_accumulation_steps`
@@ -82,7 +83,7 @@ class GPTTask(Task):
         return {"x": (shape, np.int32, 1), "y": (shape, np.int32, 1)}
 
     def _reshape_local(self, b):
-        # D2's rows for this process: [accum * local, T] -> [accum, local, T]; micro-step m takes
+        # data.text_source's rows for this process: [accum * local, T] -> [accum, local, T]; micro-step m takes
         # rows m*local..(m+1)*local of this process's slice of the global draw.
         return {k: np.asarray(v).reshape(self.accum, -1, self.block) for k, v in b.items()}
 

@@ -9,7 +9,7 @@ allocating, and `jax.jit(init_state, out_shardings=...)` creates every array dir
 shard), and `train_step(state, batch) -> (state, metrics)` is a PURE function of pytrees:
 `nnx.merge(graphdef, state)` at the top, the model's own step function, `nnx.state(...)` at the
 end. Nothing is mutated across the jit boundary, so nothing is lost (jax.jit does not propagate
-NNX in-place mutation; docs/training.md, trap 3). The state argument is donated: XLA reuses its
+NNX in-place mutation; docs/training.md, trap 2). The state argument is donated: XLA reuses its
 buffers for the new state, so params + optimizer state exist once in device memory.
 """
 

@@ -1,4 +1,4 @@
-"""Small helpers shared by tests/test_train_*.py (tiny configs, reading a run's loss curve)."""
+"""Small helpers shared by the tests (tiny configs and data, reading a run's loss curve)."""
 
 from __future__ import annotations
 
@@ -67,11 +67,51 @@ def losses(run_dir: str, key: str = "train/loss") -> dict[int, float]:
     return out
 
 
-def build_tiny_text(dest: str, input_path: str) -> str:
-    """data.shakespeare_char from a local input.txt (no download)."""
+_SYLLABLES = "ka lo mi ne ru sa te vo bri dan fel gor hu jin".split()
+_NAMES = ("ALDA", "BRUN", "CORIN", "DESS")
+
+
+def synthetic_text(n_chars: int = 60_000, seed: int = 0) -> str:
+    """A made-up play of `n_chars` characters, a stand-in for tiny-shakespeare in tests.
+
+    Speeches (a "NAME:" line, lines of words, a blank line) of words built from a few syllables,
+    with capitals and punctuation: 47 distinct characters (tiny-shakespeare has 65) and enough
+    structure that a tiny GPT's loss falls. A 32-bit linear congruential generator makes every
+    choice, so the text is the same on every machine and Python or NumPy version."""
+    state = seed & 0xFFFFFFFF
+
+    def pick(n: int) -> int:
+        nonlocal state
+        state = (1664525 * state + 1013904223) & 0xFFFFFFFF
+        return (state >> 8) % n
+
+    parts: list[str] = []
+    size = 0
+    while size < n_chars:
+        speech = [_NAMES[pick(len(_NAMES))] + ":\n"]
+        for _ in range(1 + pick(3)):
+            words = []
+            for w in range(3 + pick(6)):
+                word = "".join(_SYLLABLES[pick(len(_SYLLABLES))] for _ in range(1 + pick(3)))
+                words.append(word.capitalize() if w == 0 else word)
+            speech.append(" ".join(words) + ".,;!?"[pick(5)] + "\n")
+        speech.append("\n")
+        parts.append("".join(speech))
+        size += len(parts[-1])
+    return "".join(parts)[:n_chars]
+
+
+def build_tiny_text(dest: str, input_path: str | None = None) -> str:
+    """data.shakespeare_char from a local input.txt (no download); without one, from
+    `synthetic_text()` written to <dest>/input.txt, so tests need no data set."""
     if not os.path.exists(os.path.join(dest, "train.bin")):
         from data.shakespeare_char import build
 
+        if input_path is None:
+            os.makedirs(dest, exist_ok=True)
+            input_path = os.path.join(dest, "input.txt")
+            with open(input_path, "w", encoding="utf-8") as f:
+                f.write(synthetic_text())
         build(dest, input_path=input_path)
     return dest
 

@@ -194,8 +194,9 @@ def check_resumable(cfg, meta: dict, where: str) -> None:
         )
 
 
-# Test hook (tests/test_train_resume.py): the process kills ITSELF with SIGKILL at this step, i.e.
-# no clean exit, no atexit handlers, no final checkpoint; only already-committed checkpoints survive.
+# Test hook (the kill-and-resume tests in tests/test_train_gpt.py and tests/test_train_trm.py):
+# the process kills ITSELF with SIGKILL at this step, i.e. no clean exit, no atexit handlers, no
+# final checkpoint; only already-committed checkpoints survive.
 _SIGKILL_AT = int(os.environ.get("TRAIN_TEST_SIGKILL_AT_STEP", "-1"))
 
 

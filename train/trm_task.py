@@ -1,15 +1,17 @@
-"""TRM on the trainer: B's model (models.trm), C's step (models/trm/train_step.py), D1's puzzles.
+"""TRM on the trainer: the model (models.trm), its step (models/trm/train_step.py), the puzzle
+data (data.puzzle_source).
 
-Upstream pretrain.py semantics, all inside C's pure `train_step` which this task jits:
+Upstream pretrain.py semantics, all inside the pure `train_step` which this task jits:
 one optimizer step per ACT step on a carry that persists across batches (it is part of the
 trainer state, sharded with the batch over (data, fsdp), donated and checkpointed), halted slots
 refilled from the new batch, SignSGD on the puzzle table then AdamATan2 on the params with
 upstream's warmup/cosine schedule, EMA after every step, loss scaled by 1/global_batch_size.
 
-Schedule: total_steps = int(epochs * total_groups * mean_puzzle_examples / global_batch) (C's
-`total_steps`). The data runs for epochs / eval_interval_epochs ITERATIONS of eval_interval_epochs
-epochs each, each dropping its last partial batch (D1's PuzzleTrainDataset), and evaluation runs at
-the end of every iteration, as upstream.
+Schedule: total_steps = int(epochs * total_groups * mean_puzzle_examples / global_batch)
+(`models.trm.optim.total_steps`). The data runs for epochs / eval_interval_epochs ITERATIONS of
+eval_interval_epochs epochs each, each dropping its last partial batch
+(data.puzzle_source.PuzzleTrainDataset), and evaluation runs at the end of every iteration, as
+upstream.
 
 Eval (upstream `evaluate`): for every test batch a FRESH carry, halt_max_steps ACT steps of the EMA
 model in eval mode, metrics from the last step; per-set sums divided by count.
@@ -33,7 +35,7 @@ from train.task import Task
 
 log = logging.getLogger(__name__)
 
-# Trainer-owned fields of C's TRMOptimConfig (filled from trainer.*, not from optim.*).
+# Trainer-owned fields of TRMOptimConfig (filled from trainer.*, not from optim.*).
 _TRAINER_FIELDS = ("global_batch_size", "total_steps")
 
 
@@ -53,7 +55,7 @@ def enable_x64_if_needed(cfg) -> bool:
 
 
 def optim_config(cfg, total_steps: int = 1):
-    """C's TRMOptimConfig from cfg.optim (+ batch size and schedule length from the trainer)."""
+    """models.trm.train_step.TRMOptimConfig from cfg.optim (+ batch size and schedule length from the trainer)."""
     from models.trm.train_step import TRMOptimConfig
 
     kw = dict(cfg.optim or {})
