@@ -1,4 +1,4 @@
-"""Numbers from the nanoGPT spec: parameter counts, FLOPs per token, MFU, get_lr, crop_block_size."""
+"""nanoGPT's numbers, worked by hand from its formulas: parameter counts, FLOPs per token, MFU, get_lr, crop_block_size."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from models.gpt.train_step import lr_schedule
 from parity import gpt_torch, report_gpt
 from parity.compare import FLOAT32, FLOAT64, assert_close
 
-# spec section 1.4: (non-embedding, total) parameters
+# nanoGPT's get_num_params: (non-embedding, total) parameters
 COUNTS = {
     "shakespeare_char": (10_646_784, 10_745_088),
     "gpt2": (123_653_376, 124_439_808),

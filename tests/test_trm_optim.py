@@ -1,5 +1,6 @@
 """models/trm/optim.py against our PyTorch reference (parity/trm_torch_optim.py) and against the
-formulas of the upstream spec (§2.8, §4.3, §4.4)."""
+values worked by hand from upstream's formulas (AdamATan2, the puzzle-table SignSGD, the lr
+schedule)."""
 
 from __future__ import annotations
 
@@ -155,7 +156,7 @@ def test_adam_atan2_zero_grad_row_still_decays(x64):
 
 
 def test_adam_atan2_first_step_by_hand(x64):
-    """One scalar worked by hand from §4.3, so a mistake shared by both implementations shows."""
+    """One scalar worked by hand from imoneoi's AdamATan2 update, so a mistake shared by both implementations shows."""
     p, g, lr, wd = 1.0, 0.5, 0.1, 0.1
     m = 0.1 * g  # lerp from 0 with weight 1 - b1
     v = 0.05 * g * g

@@ -109,7 +109,7 @@ class TRMConfig:
 
         Upstream TRM uses `puzzle_emb_len` (or ceil(ndim/hidden) when it is 0); HRM and the
         baseline always use ceil(ndim/hidden). With puzzle_emb_ndim=0 no prefix is prepended, and
-        upstream TRM still counts puzzle_emb_len rows in its shapes (crash 97 vs 81, spec §11):
+        upstream TRM still counts puzzle_emb_len rows in its shapes (it crashes: 97 vs 81 positions; docs/porting_trm.md, "Upstream bugs, fixed"):
         we use 0, which is what upstream computes when puzzle_emb_len=0 as well.
         """
         if self.puzzle_emb_ndim <= 0:
