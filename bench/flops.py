@@ -95,7 +95,8 @@ def trm_block_flops(cfg) -> int:
     S = trm_total_len(c)
     e = c.get("expansion", 4)
     channel_mlp = 6 * S * D * _swiglu_inter(D, e)  # gate_up (D -> 2I) + down (I -> D)
-    if c.get("mlp_t", False):
+    # the transformers_baseline's blocks are attention blocks whatever mlp_t says
+    if c.get("mlp_t", False) and c.get("arch", "trm") != "transformers_baseline":
         token_mlp = 6 * D * S * _swiglu_inter(S, e)  # same SwiGLU along the token axis
         return token_mlp + channel_mlp
     H = c["num_heads"]
