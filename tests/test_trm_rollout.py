@@ -27,11 +27,13 @@ def _lyapunov(step: int) -> Tolerance:
     )
 
 
-def _run(variant, train, tol=None, **overrides):
+def _run(variant, train, tol=None, on_step=None, **overrides):
     cfg = tiny_config(variant, "float64", halt_exploration_prob=0.5, **overrides)
     head, model = to_float64(*make_pair(cfg, 0, q_bias=0.0))
     halted_history, refills = [], 0
     for step, exact_rows, float_rows in rollout(head, model, cfg, train=train):
+        if on_step is not None:  # sees the rows before they are compared
+            on_step(step, exact_rows, float_rows)
         assert_all_close([(f"step {step + 1} {n}", a, e) for n, a, e in exact_rows], EXACT)
         t = tol or _lyapunov(step)
         # `accuracy` is a float32 sum by upstream's definition (is_correct.to(float32) / divisor)
@@ -77,3 +79,27 @@ def test_rollout_hrm_train_float64(x64):
     """HRM: q_halt > q_continue rule and target_q_continue from the second inner call."""
     halted, refills = _run("hrm", True, TRAJECTORY_F64, L_cycles=1)
     _assert_halting_exercised(halted, refills)
+
+
+def test_rollout_trm_no_act_continue_train_float64(x64):
+    """TRM with no_ACT_continue=False. Upstream unpacks 5 values from the 3-tuple of the second
+    inner call and crashes; the decision (reference and port) is HRM's working path: halt when
+    q_halt > q_continue, and `target_q_continue` = sigmoid(q of that second call) gives a
+    `q_continue_loss`. Pinned against the reference over 16 train steps, with the two halting rules
+    disagreeing on some rows (so the rule is observed, not assumed). Reverting the port to the
+    q_halt > 0 rule fails the EXACT `halted` row; dropping the second call loses
+    target_q_continue / q_continue_loss; the upstream unpack crashes."""
+    seen = {"disagree": 0, "steps": 0}
+
+    def on_step(step, exact_rows, float_rows):
+        values = {n: np.asarray(a) for n, a, _ in float_rows}
+        assert {"target_q_continue", "metrics.q_continue_loss"} <= set(values), sorted(values)
+        q_halt, q_cont = values["q_halt_logits"], values["q_continue_logits"]
+        seen["disagree"] += int(((q_halt > 0) != (q_halt > q_cont)).sum())
+        seen["steps"] += 1
+
+    halted, refills = _run(
+        "att", True, TRAJECTORY_F64, on_step=on_step, L_cycles=1, no_ACT_continue=False
+    )
+    _assert_halting_exercised(halted, refills)
+    assert seen["steps"] == 16 and seen["disagree"] > 0, seen
