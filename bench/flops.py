@@ -5,12 +5,13 @@ embedding gathers are left out, as in nanoGPT's `estimate_mfu` and the PaLM appe
 A backward pass costs twice its forward (grad w.r.t. the input and w.r.t. the weight), so a
 matmul that is differentiated costs 3x its forward and one run under no_grad costs 1x.
 
-GPT uses nanoGPT's own cost model (spec §1.8) so that our MFU is comparable with the published
-anchors: 6·N + 12·L·H·Q·T per token with T = block_size (non-causal attention factor and all).
+GPT uses nanoGPT's own cost model (its `estimate_mfu`) so that our MFU is comparable with the
+published anchors: 6·N + 12·L·H·Q·T per token with T = block_size (non-causal attention factor and
+all).
 
-TRM has no published formula; ours follows the recursion (spec §2.5): one train step is ONE ACT
-step of the whole batch, in which the L_level blocks run H_cycles·(L_cycles + 1)·L_layers times
-(42 for Sudoku), the first H_cycles - 1 cycles without gradient and the last one with it.
+TRM has no published formula; ours follows the recursion (docs/porting_trm.md): one train step is
+ONE ACT step of the whole batch, in which the L_level blocks run H_cycles·(L_cycles + 1)·L_layers
+times (42 for Sudoku), the first H_cycles - 1 cycles without gradient and the last one with it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import os
 import time
 from collections.abc import Mapping
 
-# Dense bf16 peak FLOP/s per chip without sparsity (vendor figures; spec nanogpt §6).
+# Dense bf16 peak FLOP/s per chip without sparsity (vendor figures).
 # Keys are matched as lower-case substrings of the device name that torch/jax report.
 PEAK_BF16_FLOPS = {
     "h200": 989e12,
@@ -65,7 +66,7 @@ def gpt_num_params(cfg, *, non_embedding: bool = True) -> int:
 
 
 def gpt_flops_per_token(cfg) -> int:
-    """nanoGPT `estimate_mfu`: 6·N + 12·L·H·Q·T with T = block_size (spec §1.8)."""
+    """nanoGPT `estimate_mfu`: 6·N + 12·L·H·Q·T with T = block_size."""
     c = _as_dict(cfg)
     L, H, T = c["n_layer"], c["n_head"], c["block_size"]
     Q = c["n_embd"] // H
