@@ -100,12 +100,12 @@ def test_safetensors_gpt2_file_loads_with_tanh_gelu(tmp_path, x64):
     `transformer.` prefix, no lm_head since it is tied, Conv1D (in, out) weights, float32,
     attn.bias / attn.masked_bias buffers), written with the safetensors package and loaded by
     `from_torch_file`. HF GPT-2 computes the tanh GELU ("gelu_new"), so the file's logits are
-    reproduced with GPTConfig(gelu_approximate=True), compared with our torch reference holding
-    the same weights. The exact (erf) GELU, nanoGPT's, misses both FLOAT64 and FLOAT32: the
+    reproduced with GPTConfig(gelu_approximate=True), compared with our torch reference reading
+    the same file. The exact (erf) GELU, nanoGPT's, misses both FLOAT64 and FLOAT32: the
     difference is real, not a rounding. c_fc is scaled x10 so GELU sees inputs of order 1 as in a
     trained GPT-2 (at the 0.02 init they are ~0.1 and the two forms differ by only 5e-6 of the
     logits' scale, which FLOAT32 would not see)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
 
     torch.manual_seed(0)
     tmodel = gpt_torch.GPT(gpt_torch.GPTConfig(**TINY, gelu_approximate=True)).eval()
@@ -118,10 +118,19 @@ def test_safetensors_gpt2_file_loads_with_tanh_gelu(tmp_path, x64):
     assert hf["h.0.attn.c_attn.weight"].shape == (32, 96)  # Conv1D: (in, out)
     path = tmp_path / "model.safetensors"
     save_file({k: v.detach().float().contiguous().clone() for k, v in hf.items()}, str(path))
+    # the torch reference reads the same file (HF -> nanoGPT keys written out here, independently
+    # of models/gpt/params.py): Conv1D transposed back, buffers dropped, lm_head tied to wte
+    ref = gpt_torch.GPT(gpt_torch.GPTConfig(**TINY, gelu_approximate=True)).eval()
+    nano = {
+        "transformer." + k: (v.t() if k.endswith(CONV1D) else v)
+        for k, v in load_file(str(path)).items()
+        if not k.endswith((".attn.bias", ".attn.masked_bias"))
+    }
+    ref.load_state_dict({**nano, "lm_head.weight": nano["transformer.wte.weight"]}, strict=True)
+    ref = ref.double()  # float32 values, exact in float64
     idx = np.arange(2 * 16).reshape(2, 16) % TINY["vocab_size"]
-    tmodel = tmodel.double()  # float32 values, exact in float64
     with torch.no_grad():
-        expected = tmodel(torch.as_tensor(idx), torch.as_tensor(idx))[0]
+        expected = ref(torch.as_tensor(idx), torch.as_tensor(idx))[0]
     tanh = from_torch_file(path, GPTConfig(**TINY, dtype="float64", gelu_approximate=True))
     assert_close("logits, HF file, tanh GELU", _logits(tanh, idx), expected, FLOAT64)
     erf = from_torch_file(path, GPTConfig(**TINY, dtype="float64", gelu_approximate=False))
