@@ -5,11 +5,11 @@ embedding gathers are left out, as in nanoGPT's `estimate_mfu` and the PaLM appe
 A backward pass costs twice its forward (grad w.r.t. the input and w.r.t. the weight), so a
 matmul that is differentiated costs 3x its forward and one run under no_grad costs 1x.
 
-GPT uses nanoGPT's own cost model (`estimate_mfu` in its model.py) so that our MFU is comparable
-with the published anchors: 6·N + 12·L·H·Q·T per token with T = block_size (non-causal attention
-factor and all).
+GPT uses nanoGPT's own cost model (its `estimate_mfu`) so that our MFU is comparable with the
+published anchors: 6·N + 12·L·H·Q·T per token with T = block_size (non-causal attention factor and
+all).
 
-TRM has no published formula; ours follows the recursion (models/trm/trm.py): one train step is
+TRM has no published formula; ours follows the recursion (docs/porting_trm.md): one train step is
 ONE ACT step of the whole batch, in which the L_level blocks run H_cycles·(L_cycles + 1)·L_layers
 times (42 for Sudoku), the first H_cycles - 1 cycles without gradient and the last one with it.
 """
@@ -22,7 +22,7 @@ import os
 import time
 from collections.abc import Mapping
 
-# Dense bf16 peak FLOP/s per chip without sparsity (the vendors' data sheets).
+# Dense bf16 peak FLOP/s per chip without sparsity (vendor figures).
 # Keys are matched as lower-case substrings of the device name that torch/jax report.
 PEAK_BF16_FLOPS = {
     "h200": 989e12,
@@ -96,7 +96,8 @@ def trm_block_flops(cfg) -> int:
     S = trm_total_len(c)
     e = c.get("expansion", 4)
     channel_mlp = 6 * S * D * _swiglu_inter(D, e)  # gate_up (D -> 2I) + down (I -> D)
-    if c.get("mlp_t", False):
+    # the transformers_baseline's blocks are attention blocks whatever mlp_t says
+    if c.get("mlp_t", False) and c.get("arch", "trm") != "transformers_baseline":
         token_mlp = 6 * D * S * _swiglu_inter(S, e)  # same SwiGLU along the token axis
         return token_mlp + channel_mlp
     H = c["num_heads"]

@@ -107,7 +107,7 @@ def _jax_attention_impl(mcfg) -> str:
             mcfg.n_embd // mcfg.n_head,
             dropout_active=mcfg.dropout > 0,
         )
-    if mcfg.mlp_t:
+    if mcfg.block_mlp_t:
         return "none (mlp_t: token-mixing MLP)"
     import jax.numpy as jnp
 

@@ -10,7 +10,7 @@ import torch
 from models.gpt import GPTConfig, from_torch, from_torch_file, to_torch
 from models.state_dict import COMPILE_PREFIX, StateDictError, UnsafeCheckpointError
 from parity import gpt_torch
-from parity.compare import EXACT, FLOAT32, assert_all_close, assert_close
+from parity.compare import EXACT, FLOAT32, FLOAT64, assert_all_close, assert_close, compare
 
 TINY = dict(block_size=16, vocab_size=65, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True)
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -93,6 +93,50 @@ def test_hf_conv1d_layout_gives_the_same_logits(prefix, lm_head):
     with torch.no_grad():
         t_logits = tmodel(torch.as_tensor(idx), torch.as_tensor(idx))[0]
     assert_close("logits HF layout vs torch", _logits(j_hf, idx), t_logits, FLOAT32)
+
+
+def test_safetensors_gpt2_file_loads_with_tanh_gelu(tmp_path, x64):
+    """A real .safetensors file in the layout of the HF GPT-2 hub file (GPT2Model keys: no
+    `transformer.` prefix, no lm_head since it is tied, Conv1D (in, out) weights, float32,
+    attn.bias / attn.masked_bias buffers), written with the safetensors package and loaded by
+    `from_torch_file`. HF GPT-2 computes the tanh GELU ("gelu_new"), so the file's logits are
+    reproduced with GPTConfig(gelu_approximate=True), compared with our torch reference reading
+    the same file. The exact (erf) GELU, nanoGPT's, misses both FLOAT64 and FLOAT32: the
+    difference is real, not a rounding. c_fc is scaled x10 so GELU sees inputs of order 1 as in a
+    trained GPT-2 (at the 0.02 init they are ~0.1 and the two forms differ by only 5e-6 of the
+    logits' scale, which FLOAT32 would not see)."""
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(0)
+    tmodel = gpt_torch.GPT(gpt_torch.GPTConfig(**TINY, gelu_approximate=True)).eval()
+    with torch.no_grad():
+        for name, p in tmodel.named_parameters():
+            if name.endswith("mlp.c_fc.weight"):
+                p.mul_(10.0)
+    hf = _hf_layout(tmodel.state_dict(), prefix=False, lm_head=False)
+    assert "wte.weight" in hf and "h.0.attn.masked_bias" in hf and "lm_head.weight" not in hf
+    assert hf["h.0.attn.c_attn.weight"].shape == (32, 96)  # Conv1D: (in, out)
+    path = tmp_path / "model.safetensors"
+    save_file({k: v.detach().float().contiguous().clone() for k, v in hf.items()}, str(path))
+    # the torch reference reads the same file (HF -> nanoGPT keys written out here, independently
+    # of models/gpt/params.py): Conv1D transposed back, buffers dropped, lm_head tied to wte
+    ref = gpt_torch.GPT(gpt_torch.GPTConfig(**TINY, gelu_approximate=True)).eval()
+    nano = {
+        "transformer." + k: (v.t() if k.endswith(CONV1D) else v)
+        for k, v in load_file(str(path)).items()
+        if not k.endswith((".attn.bias", ".attn.masked_bias"))
+    }
+    ref.load_state_dict({**nano, "lm_head.weight": nano["transformer.wte.weight"]}, strict=True)
+    ref = ref.double()  # float32 values, exact in float64
+    idx = np.arange(2 * 16).reshape(2, 16) % TINY["vocab_size"]
+    with torch.no_grad():
+        expected = ref(torch.as_tensor(idx), torch.as_tensor(idx))[0]
+    tanh = from_torch_file(path, GPTConfig(**TINY, dtype="float64", gelu_approximate=True))
+    assert_close("logits, HF file, tanh GELU", _logits(tanh, idx), expected, FLOAT64)
+    erf = from_torch_file(path, GPTConfig(**TINY, dtype="float64", gelu_approximate=False))
+    for tol in (FLOAT64, FLOAT32):
+        wrong = compare("logits, HF file, erf GELU", _logits(erf, idx), expected, tol)
+        assert not wrong.passed, f"the erf GELU should miss {tol.name}: {wrong.message()}"
 
 
 def test_bad_keys_and_shapes_are_named():

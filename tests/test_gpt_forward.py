@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from parity import report_gpt
-from parity.compare import FLOAT64, assert_close
+from parity.compare import FLOAT32, FLOAT64, assert_close, compare
 
 TINY = dict(block_size=16, vocab_size=65, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True)
 
@@ -100,3 +100,42 @@ def test_parity_report_cli_prints_table_and_exit_status(capsys):
     assert report_gpt.main(["--dtype", "float32"]) == 0
     out = capsys.readouterr().out
     assert "h.1.mlp" in out and "logits" in out and "0 failed" in out
+
+
+@pytest.mark.parametrize(
+    "dtype, mean_over_std", [("float32", 20.0), ("float64", 500.0)], ids=["float32", "float64"]
+)
+def test_layer_norm_variance_is_two_pass(dtype, mean_over_std, request):
+    """The port's LayerNorm (`use_fast_variance=False`) computes the variance as E[(x - E[x])^2],
+    like torch's layer_norm. On activations whose mean is large against their spread the one-pass
+    E[x^2] - E[x]^2 (Flax's default) cancels catastrophically. Measured scale-relative errors
+    against torch: float32 at mean/std 20, two-pass 2.7e-6, one-pass 1.1e-4; float64 at 500,
+    two-pass 6.3e-14, one-pass 1.1e-10. Reverting to use_fast_variance=True fails the bound."""
+    from flax import nnx
+
+    from models.gpt import GPT, GPTConfig
+    from parity import gpt_torch
+
+    if dtype == "float64":
+        request.getfixturevalue("x64")
+    tol = FLOAT64 if dtype == "float64" else FLOAT32
+    C = TINY["n_embd"]
+    ln = GPT(GPTConfig(**{**TINY, "dtype": dtype}), rngs=nnx.Rngs(0)).h[0].ln_1  # the model's own
+    rng = np.random.default_rng(0)
+    scale, bias = 1 + 0.1 * rng.standard_normal(C), 0.1 * rng.standard_normal(C)
+    ln.scale[...], ln.bias[...] = jnp.asarray(scale, dtype), jnp.asarray(bias, dtype)
+    ref = gpt_torch.LayerNorm(C, bias=True).to(getattr(torch, dtype))
+    with torch.no_grad():
+        ref.weight.copy_(torch.from_numpy(scale))
+        ref.bias.copy_(torch.from_numpy(bias))
+    x = (mean_over_std + rng.standard_normal((4, 16, C))).astype(dtype)
+    with torch.no_grad():
+        expected = ref(torch.from_numpy(x))
+    assert_close(f"LayerNorm, mean/std {mean_over_std:g}", ln(jnp.asarray(x)), expected, tol)
+    one_pass = nnx.LayerNorm(
+        C, epsilon=1e-5, use_fast_variance=True, dtype=ln.dtype, param_dtype=ln.param_dtype,
+        rngs=nnx.Rngs(0),
+    )  # fmt: skip
+    one_pass.scale[...], one_pass.bias[...] = ln.scale[...], ln.bias[...]
+    fast = compare("one-pass variance", one_pass(jnp.asarray(x)), expected, tol)
+    assert not fast.passed, f"the one-pass formula should fail here: {fast.message()}"

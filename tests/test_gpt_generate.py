@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import collections
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 from flax import nnx
 
-from models.gpt import GPTConfig, from_torch, generate, top_k_filter
+from models.gpt import GPT, GPTConfig, from_torch, generate, top_k_filter
 from parity import gpt_torch
 from parity.compare import EXACT, assert_close
 
@@ -72,3 +75,48 @@ def test_sampling_is_seeded_and_stays_in_the_top_k(x64):
     logits = np.asarray(jmodel(seq, seq)[0])[0]
     for t in range(3, seq.shape[1]):
         assert seq[0, t] in np.argsort(logits[t - 1])[-3:], t
+
+
+@contextlib.contextmanager
+def _backend_compiles():
+    """Names of the functions XLA compiles inside the block (jax.monitoring duration events)."""
+    names: list[str] = []
+
+    def listener(event, duration_secs, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            names.append(kwargs.get("fun_name", "?"))
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield names
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def test_generate_compiles_once_not_per_length():
+    """`generate` is one compiled loop over a fixed buffer and a fixed-width window, so a call
+    compiles once (whatever the number of tokens, cropping included), and later calls with the
+    same shapes (batch, prompt length, max_new_tokens, top_k) but other prompts, temperatures and
+    keys compile nothing. nanoGPT's loop (forward on a growing context) under jit compiles once per
+    length: the control shows the counter sees that. Reverting to such a loop fails here."""
+    model = GPT(GPTConfig(**{**TINY, "n_layer": 1}), rngs=nnx.Rngs(0))
+    model.eval()
+    prompt = np.array([[1, 2, 3], [4, 5, 6]])
+    new = 20  # 3 + 20 > block_size 16: lengths 4..23, the last ones cropped
+    with _backend_compiles() as first:
+        out = generate(model, prompt, new, temperature=1.0, top_k=5, rngs=nnx.Rngs(sample=0))
+    assert out.shape == (2, 3 + new)
+    per_function = collections.Counter(first)
+    assert per_function["jit(_generate)"] == 1, first
+    assert max(per_function.values()) == 1, f"a function compiled more than once: {first}"
+    with _backend_compiles() as later:
+        for i, temperature in enumerate((0.5, 1.0, 1.7)):
+            generate(model, prompt + 7 * i, new, temperature=temperature, top_k=5, rngs=nnx.Rngs(i))
+        generate(model, prompt[::-1], new, temperature=0.8, top_k=5, rngs=jax.random.key(3))
+    assert later == [], later
+    # control: a jitted forward on a growing context compiles at every length
+    forward = nnx.jit(lambda m, idx: m(idx)[0])
+    with _backend_compiles() as growing:
+        for t in range(3, 6):
+            forward(model, jnp.zeros((2, t), jnp.int32))
+    assert collections.Counter(growing)["jit(<lambda>)"] == 3, growing

@@ -4,6 +4,7 @@ experiment composes, validates and builds its abstract train state."""
 from __future__ import annotations
 
 import glob
+import math
 import os
 
 import jax
@@ -43,6 +44,53 @@ def test_required_experiments_exist():
 def test_every_experiment_validates(name):
     cfg = load_config([f"+experiment={name}"])
     assert cfg.run.name
+
+
+# Parameter counts of the shipped experiments that upstream / nanoGPT publish (TRM: nnx.Param
+# only, the puzzle table is a buffer; GPT: tied wte once, wpe included).
+KNOWN_PARAMETER_COUNTS = {
+    "trm_sudoku": 5_028_866,  # README pretrain_mlp_t_sudoku
+    "trm_sudoku_att": 6_828_034,  # pretrain_att_sudoku
+    "hrm_sudoku": 27_275_266,
+    "gpt2_124m": 124_373_760,  # train.py's GPT-2 124M: bias False, vocab 50304
+    "gpt_shakespeare_char": 10_745_088,
+}
+
+
+def _parameter_count(task) -> int:
+    from flax import nnx
+
+    if task.cfg.task == "trm":
+        params = task.abstract_state["train"].params
+    else:  # the GPT state is nnx.split((model, optimizer)): merge the abstract leaves back
+        model, _ = nnx.merge(task.graphdef, task.abstract_state)
+        params = nnx.state(model, nnx.Param)
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_builds_its_abstract_train_state(name):
+    """Every configs/experiment/*.yaml (globbed: a new file is covered without editing this test)
+    builds its model config, its model and its whole train state (params, optimizer state, EMA,
+    TRM carry) through jax.eval_shape, as the trainer does before allocating anything: shapes
+    only, so GPT-2 124M and the ARC puzzle tables cost no memory here. Where the parameter count is
+    published it must match, so an experiment that builds the wrong model fails too."""
+    from train.step import make_task
+    from train.trm_task import needs_x64
+
+    cfg = load_config([f"+experiment={name}"])
+    live = sum(a.nbytes for a in jax.live_arrays())
+    with jax.enable_x64(needs_x64(cfg)):  # the trainer enables x64 for the float64 TRM loss
+        task = make_task(cfg, make_mesh(cfg.mesh, devices=jax.devices()[:1]), need_data=False)
+    grown = sum(a.nbytes for a in jax.live_arrays()) - live
+    assert grown < 2**20, f"{name}: building the abstract state allocated {grown} bytes"
+    leaves = jax.tree.leaves(task.abstract_state)
+    assert leaves and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
+    assert jax.tree.structure(task.state_shardings) == jax.tree.structure(task.abstract_state)
+    n = _parameter_count(task)
+    assert n > 0
+    if name in KNOWN_PARAMETER_COUNTS:
+        assert n == KNOWN_PARAMETER_COUNTS[name], (name, n)
 
 
 @pytest.mark.parametrize(
@@ -142,3 +190,12 @@ def test_attention_impl_overrides_from_the_command_line(experiment, x64):
     bad = load_config([f"+experiment={experiment}", "model.attention_impl=flash"])
     with pytest.raises(Exception, match=r"attention_impl.*flash.*explicit"):
         make_task(bad, make_mesh(bad.mesh, devices=jax.devices()[:1]), need_data=False)
+
+
+@pytest.mark.parametrize("experiment", ["gpt2_124m", "gpt_shakespeare_char"])
+def test_gelu_approximate_is_a_plain_override(experiment):
+    """configs/model/gpt*.yaml list gelu_approximate (default false, nanoGPT's erf GELU), so the
+    tanh GELU that HF GPT-2 weights need is `model.gelu_approximate=true`, without a '+'."""
+    assert load_config([f"+experiment={experiment}"]).model.gelu_approximate is False
+    cfg = load_config([f"+experiment={experiment}", "model.gelu_approximate=true"])
+    assert cfg.model.gelu_approximate is True

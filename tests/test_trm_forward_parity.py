@@ -79,3 +79,100 @@ def test_mlp_t_norm_is_over_tokens():
     np.testing.assert_array_equal(np.asarray(block(h)), np.asarray(expected))
     # and its RMS over tokens (axis 1) is 1 before the channel MLP
     assert np.allclose(np.sqrt(np.mean(np.square(np.asarray(after_t)), axis=1)), 1.0, atol=1e-3)
+
+
+@pytest.mark.parametrize("variant", ["att", "mlp_t"])
+def test_no_puzzle_embedding_float64(variant, x64):
+    """puzzle_emb_ndim=0 with puzzle_emb_len=4: no prefix is prepended, so `prefix_len` is 0 and
+    every shape counts seq_len positions (upstream keeps counting puzzle_emb_len rows and crashes
+    on 97 vs 81 in Sudoku). Reverting `TRMConfig.prefix_len` to puzzle_emb_len breaks both sides
+    (RoPE/learned tables and the mlp_t width for 20 positions, 16 given)."""
+    cfg = tiny_config(variant, "float64", puzzle_emb_ndim=0)
+    assert cfg.puzzle_emb_len == 4 and cfg.prefix_len == 0 and cfg.total_len == cfg.seq_len
+    head, model = make_pair(cfg)
+    assert not any("puzzle_emb" in k for k in head.state_dict())
+    assert not hasattr(model.inner, "puzzle_emb")
+    rows = _check(cfg, FLOAT64)
+    shapes = {r.name: r.shape for r in rows}
+    b, s, d = cfg.batch_size, cfg.seq_len, cfg.hidden_size
+    assert shapes["input_embedding"] == (b, s, d) and shapes["puzzle_prefix"] == (b, 0, d)
+    assert shapes["z_H"] == shapes["z_L"] == (b, s, d)
+    assert shapes["logits"] == (b, s, cfg.vocab_size) and shapes["q_logits"] == (b, 2)
+
+
+def _baseline_attention_shapes(state_dict_shapes, prefix="model.inner.H_level.layers.0"):
+    return (
+        tuple(state_dict_shapes[f"{prefix}.self_attn.qkv_proj.weight"]),
+        tuple(state_dict_shapes[f"{prefix}.self_attn.o_proj.weight"]),
+    )
+
+
+def test_baseline_heads_not_dividing_hidden_float64(x64):
+    """transformers_baseline with num_heads not dividing hidden_size runs as upstream's yaml does
+    (12 heads on 512): head_dim = hidden // heads, attention width heads * head_dim < hidden.
+    Here 6 heads on 64: head_dim 10, width 60, through the same Attention code as 42 x 12 = 504.
+    Forward parity against the torch reference, and the shapes on both sides. Reverting the
+    decision (rounding head_dim up, or refusing the config) fails here."""
+    cfg = tiny_config("baseline", "float64", num_heads=6)
+    assert cfg.head_dim == 10 and cfg.num_heads * cfg.head_dim == 60 != cfg.hidden_size
+    head, model = make_pair(cfg)
+    torch_shapes = {k: tuple(v.shape) for k, v in head.state_dict().items()}
+    from models.trm.params import expected_shapes
+
+    assert _baseline_attention_shapes(torch_shapes) == ((180, 64), (64, 60))
+    assert _baseline_attention_shapes(expected_shapes(cfg)) == ((180, 64), (64, 60))
+    _check(cfg, FLOAT64)
+
+
+def test_baseline_upstream_yaml_shapes_on_both_sides():
+    """The real size (hidden 512, 12 heads, H_layers 8): qkv_proj (1512, 512), o_proj (512, 504)
+    in the port (nnx.eval_shape) and in the torch reference (built on the meta device), and every
+    other key and shape agree. No arrays are allocated."""
+    import torch
+
+    from models.trm import TRMConfig
+    from models.trm.params import expected_shapes
+    from parity.trm_torch import ACTLossHead, build_model
+
+    cfg = TRMConfig(
+        arch="transformers_baseline", H_layers=8, num_heads=12, hidden_size=512,
+        batch_size=768, seq_len=81, vocab_size=11, puzzle_emb_ndim=512,
+    )  # fmt: skip
+    assert cfg.head_dim == 42
+    ours = expected_shapes(cfg)
+    with torch.device("meta"):
+        ref = {k: tuple(v.shape) for k, v in ACTLossHead(build_model(cfg)).state_dict().items()}
+    assert _baseline_attention_shapes(ours) == ((1512, 512), (512, 504))
+    assert ours == ref
+
+
+def test_baseline_ignores_mlp_t_float64(x64):
+    """Upstream's transformers_baseline has no mlp_t (its config has no such field, its block
+    only attention); our reference builds attention blocks whatever mlp_t says, and so must the
+    port (`TRMConfig.block_mlp_t`). With mlp_t=True: the same state_dict keys as with
+    mlp_t=False, parity with the reference, and the same outputs as mlp_t=False bit for bit.
+    Reverting (the NNX Block honouring mlp_t) builds `mlp_t` modules the reference's state_dict
+    lacks: from_torch raises StateDictError."""
+    import dataclasses
+
+    import numpy as np
+
+    from models.trm.params import expected_shapes
+
+    cfg = tiny_config("baseline", "float64", mlp_t=True)
+    plain = dataclasses.replace(cfg, mlp_t=False)
+    assert not cfg.block_mlp_t
+    head, model = make_pair(cfg)
+    assert set(head.state_dict()) == set(expected_shapes(cfg)) == set(expected_shapes(plain))
+    assert not any(".mlp_t." in k for k in expected_shapes(cfg))
+    _check(cfg, FLOAT64)
+    _, plain_model = make_pair(plain)
+    for m in (model, plain_model):
+        m.eval()
+    batch = make_batch(cfg)
+    from parity.report_trm import jax_one_step
+
+    got = dict(jax_one_step(model, batch))
+    want = dict(jax_one_step(plain_model, batch))
+    for name in ("logits", "q_logits", "z_H"):
+        np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from flax import nnx
+from jax.extend.core import jaxprs_in_params
 
 from models.trm import TRM, act_loss
 from parity.compare import FLOAT64, assert_all_close
@@ -115,15 +116,37 @@ def test_option_equals_unrolled_float64(variant, option, x64):
     assert_all_close([(n, a, r) for (n, a), (_, r) in zip(alt, ref, strict=True)], FLOAT64)
 
 
-def test_scan_really_scans():
-    """The scan option must trace one L step, not unroll L_cycles copies (else it is a no-op)."""
-    cfg = _cfg(scan=True, L_cycles=3)
+def _scans(jaxpr) -> list:
+    """Every `scan` equation in a (closed) jaxpr, nested ones (pjit, checkpoint bodies) included."""
+    found = []
+    for eqn in jaxpr.jaxpr.eqns if hasattr(jaxpr, "jaxpr") else jaxpr.eqns:
+        if eqn.primitive.name == "scan":
+            found.append(eqn)
+        for sub in jaxprs_in_params(eqn.params):
+            found.extend(_scans(sub))
+    return found
+
+
+def _step_scans(scan: bool) -> list:
+    cfg = _cfg(scan=scan, L_cycles=3)
     model = TRM(cfg, rngs=nnx.Rngs(0))
     batch = _batch(cfg)
     expl = (jnp.ones((cfg.batch_size,)), jnp.full((cfg.batch_size,), 2, jnp.int32))
     step = lambda b: model(model.initial_carry(b), b, exploration=expl)[1]["logits"]  # noqa: E731
-    jaxpr = jax.make_jaxpr(step)(batch)
-    assert "scan" in str(jaxpr)
+    return _scans(jax.make_jaxpr(step)(batch))
+
+
+def test_scan_really_scans():
+    """The scan option must trace one L step, not unroll L_cycles copies (else it is a no-op):
+    one scan of length L_cycles per H cycle. Reverting `repeat` to the Python loop leaves none."""
+    scans = _step_scans(scan=True)
+    assert [e.params["length"] for e in scans] == [3, 3], scans  # H_cycles=2, L_cycles=3
+
+
+def test_unscanned_model_has_no_scan():
+    """The control of test_scan_really_scans: scan=False traces no scan at all, so the count
+    there is caused by the option and not by anything else in the step."""
+    assert _step_scans(scan=False) == []
 
 
 def _grad_dot_count(**kw) -> int:

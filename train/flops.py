@@ -26,7 +26,7 @@ def block_flops(cfg) -> float:
     S, D = cfg.total_len, cfg.hidden_size
     w, inter = _swiglu(D, cfg.expansion)
     mlp = 2 * S * w * 2 * inter + 2 * S * inter * w  # gate_up + down over S tokens
-    if cfg.mlp_t:
+    if cfg.block_mlp_t:  # the transformers_baseline ignores mlp_t
         wt, inter_t = _swiglu(S, cfg.expansion)
         mix = D * (2 * wt * 2 * inter_t + 2 * inter_t * wt)  # token mixing, for each channel
     else:

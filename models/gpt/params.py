@@ -9,6 +9,12 @@ Rules (one line each):
 - HF GPT-2 (Conv1D) stores the four projection weights already as (in, out): copied, not
   transposed; its `attn.bias` / `attn.masked_bias` buffers (and nanoGPT's manual-attention mask
   buffer `attn.bias`) are ignored.
+
+HF GPT-2 weights (GPT2Model / GPT2LMHeadModel state_dicts, the hub's model.safetensors) were
+trained with the tanh-approximate GELU ("gelu_new"): load them with GPTConfig(gelu_approximate=True).
+nanoGPT checkpoints since June 2023 use the exact erf GELU, the default (False). The weights load
+either way; only the activation differs (tests/test_gpt_convert.py::
+test_safetensors_gpt2_file_loads_with_tanh_gelu shows the wrong one misses FLOAT32).
 """
 
 from __future__ import annotations
@@ -127,7 +133,8 @@ def to_torch(model: GPT) -> dict:
 def from_torch_file(path: str | os.PathLike, config: GPTConfig | None = None, **kwargs) -> GPT:
     """Load a nanoGPT ckpt.pt / state_dict .pt / .safetensors without unpickling code.
 
-    With config=None the architecture comes from a ckpt.pt's `model_args` (dropout kept).
+    With config=None the architecture comes from a ckpt.pt's `model_args` (dropout kept). An HF
+    GPT-2 file needs a config with gelu_approximate=True (HF's tanh GELU; see the module docstring).
     """
     sd = load_file(path)
     if config is None:

@@ -89,7 +89,11 @@ class TRMConfig:
                     f"(hidden_size {self.hidden_size} // num_heads {self.num_heads}) is not a "
                     "multiple of 8; use 'auto', 'xla' or 'explicit'"
                 )
-        if not self.mlp_t and self.arch != "trm_singlez" and self.hidden_size < self.num_heads:
+        if (
+            not self.block_mlp_t
+            and self.arch != "trm_singlez"
+            and self.hidden_size < self.num_heads
+        ):
             raise ValueError(
                 f"TRMConfig: hidden_size={self.hidden_size} < num_heads={self.num_heads}"
             )
@@ -109,7 +113,7 @@ class TRMConfig:
 
         Upstream TRM uses `puzzle_emb_len` (or ceil(ndim/hidden) when it is 0); HRM and the
         baseline always use ceil(ndim/hidden). With puzzle_emb_ndim=0 no prefix is prepended, and
-        upstream TRM still counts puzzle_emb_len rows in its shapes (it crashes: 97 vs 81 positions; docs/porting_trm.md, "Upstream bugs, fixed"):
+        upstream TRM still counts puzzle_emb_len rows in its shapes (Sudoku: 97 vs 81, a crash):
         we use 0, which is what upstream computes when puzzle_emb_len=0 as well.
         """
         if self.puzzle_emb_ndim <= 0:
@@ -118,6 +122,16 @@ class TRMConfig:
         if self.arch in ("hrm", "transformers_baseline") or self.puzzle_emb_len == 0:
             return ceil_len
         return self.puzzle_emb_len
+
+    @property
+    def block_mlp_t(self) -> bool:
+        """Whether the blocks mix tokens with an MLP (`mlp_t`) instead of attention.
+
+        The transformers_baseline's blocks are attention blocks whatever `mlp_t` says: upstream's
+        baseline config has no `mlp_t` field (an extra key is ignored) and its block has no
+        token-mixing branch. Our torch reference builds the same blocks.
+        """
+        return self.mlp_t and self.arch != "transformers_baseline"
 
     @property
     def total_len(self) -> int:

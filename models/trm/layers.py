@@ -257,7 +257,8 @@ class Block(nnx.Module):
 
     def __init__(self, config, *, rngs: nnx.Rngs, mlp_t: bool | None = None):
         self.norm_eps = config.rms_norm_eps
-        self.use_mlp_t = config.mlp_t if mlp_t is None else mlp_t
+        # config.block_mlp_t: mlp_t, except for the transformers_baseline (attention blocks only)
+        self.use_mlp_t = config.block_mlp_t if mlp_t is None else mlp_t
         self.remat = config.remat
         self.remat_policy = config.remat_policy
         if self.use_mlp_t:

@@ -2,7 +2,7 @@
 
 Module and attribute names equal upstream's, so `ACTLossHead(build_model(cfg)).state_dict()` has
 upstream's keys (`model.inner.…`) and upstream checkpoints load unchanged. Runs on CPU; no CUDA-only
-packages. Where upstream crashes this reference works; docs/porting_trm.md ("Upstream bugs, fixed") says how.
+packages. Where upstream crashes this reference works; docs/porting_trm.md says how.
 """
 
 from parity.trm_torch.layers import rms_norm

@@ -117,7 +117,7 @@ class Attention(nn.Module):
             q, k = q.to(dtype), k.to(dtype)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # B H S D for SDPA
         out = F.scaled_dot_product_attention(q, k, v, is_causal=False)
-        # reshape (not .view): works whatever memory layout SDPA returns (.view fails on a non-contiguous output)
+        # reshape (not .view): works whatever memory layout SDPA returns (upstream's .view does not)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, nh * hd))
 
 
