@@ -75,13 +75,23 @@ def perturbed_copies(module, seeds: Iterable[int]):
 
 @dataclasses.dataclass
 class Envelope:
-    """Per step, per float tensor: max over the perturbed runs of max|perturbed - ref| / max|ref|."""
+    """Per step, per float tensor: max over the perturbed runs of max|perturbed - ref| / max|ref|;
+    the bound of a step uses the largest of them (`at`)."""
 
     steps: list[dict[str, float]]
     factor: float = ENVELOPE_FACTOR
 
+    def at(self, step: int) -> float:
+        """The step's envelope: the largest scale-relative move of any of its float tensors.
+
+        One number per step, not one per tensor: a scalar (a loss, a norm) is a sum whose
+        perturbed copies can cancel by chance in two or three samples, while the state it is
+        computed from cannot; the largest move of the step is the robust measure of how far
+        round-off has grown by then."""
+        return max(self.steps[step].values(), default=0.0)
+
     def tolerance(self, step: int, name: str) -> Tolerance:
-        env = self.steps[step][name]
+        env = self.at(step)
         rtol = max(FLOAT64.rtol, self.factor * env)
         return Tolerance(
             f"envelope x{self.factor:g} (step {step + 1}: {env:.1e})",

@@ -261,15 +261,12 @@ def rollout_envelope_rows(variant: str, train: bool, *, seeds=(1, 2), steps: int
     for i, comps in enumerate(compared):
         floats = [c for c in comps if c.tolerance.name.startswith("envelope")]
         # in units of the envelope, floored where the bound is (FLOAT64 / factor)
-        ratios = [
-            c.scale_rel / max(env.steps[i][c.name.split(" ", 2)[2]], FLOAT64.rtol / env.factor)
-            for c in floats
-        ]
+        ratios = [c.scale_rel / max(env.at(i), FLOAT64.rtol / env.factor) for c in floats]
         worst = max(range(len(floats)), key=lambda j: ratios[j])
         rows.append(
             dict(
                 step=i + 1,
-                envelope=max(env.steps[i].values()),
+                envelope=env.at(i),
                 port=max(c.scale_rel for c in floats),
                 worst_ratio=ratios[worst],
                 worst_tensor=floats[worst].name.split(" ", 2)[2],
