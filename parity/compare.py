@@ -39,9 +39,6 @@ FLOAT32 = Tolerance(
 BFLOAT16 = Tolerance(
     "bfloat16", 1e-2, why="bfloat16 has an 8-bit mantissa (2^-8 = 3.9e-3 per rounding)"
 )
-TRAJECTORY_F64 = Tolerance(
-    "trajectory-float64", 1e-10, why="20 optimizer steps in float64; round-off accumulates per step"
-)
 EXACT = Tolerance("exact", 0.0, 0.0, why="the same bits: a copy, a permutation or integer logic")
 
 

@@ -24,7 +24,7 @@ from models.trm.optim import (
     trm_lr,
     trm_lr_schedule,
 )
-from parity.compare import EXACT, FLOAT32, FLOAT64, TRAJECTORY_F64, assert_all_close, assert_close
+from parity.compare import EXACT, FLOAT32, FLOAT64, assert_all_close, assert_close
 
 torch = pytest.importorskip("torch")
 from parity.trm_torch_optim import (  # noqa: E402
@@ -130,10 +130,14 @@ def test_adam_atan2_matches_torch_float64(x64):
 
 
 def test_adam_atan2_trajectory_float64(x64):
-    """20 steps run independently on both sides (lr injected per step, jitted): <= 1e-10."""
+    """20 steps run independently on both sides (lr injected per step, jitted) within FLOAT64.
+
+    The optimizer alone has no recursion to amplify round-off: the measured worst deviation over
+    the 20 steps is 6.8e-16 of scale natively, with XLA/ATen held to AVX2 and to SSE4.2/default
+    alike, so FLOAT64 (1e-12) holds with three orders of margin."""
     history, *_ = _run_trajectory(np.float64, 0.1, 20)
     for i, (t, j) in enumerate(history):
-        assert_all_close([(f"step{i + 1}.{k}", j[k], t[k]) for k in SHAPES], TRAJECTORY_F64)
+        assert_all_close([(f"step{i + 1}.{k}", j[k], t[k]) for k in SHAPES], FLOAT64)
 
 
 def test_adam_atan2_matches_torch_float32():
