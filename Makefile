@@ -32,7 +32,7 @@ test: $(BIN)/.installed-dev
 	$(BIN)/python -m pytest -m "not slow" -n 2 --timeout=900 $(PYTEST_ARGS)
 
 test-slow: $(BIN)/.installed-dev
-	$(BIN)/python -m pytest -m "slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "slow" -n 2 --timeout=1800 $(PYTEST_ARGS)
 
 test-all: $(BIN)/.installed-dev
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
