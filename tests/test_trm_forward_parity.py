@@ -168,3 +168,12 @@ def test_reference_bounds_catch_a_wrong_port(monkeypatch):
     monkeypatch.setattr(layers.Block, "_forward", no_attention_residual)
     failed = failing(bf16, AS_TORCH_BFLOAT16, lambda model: None)
     assert failed[0] == "H0/L/L_level.layers.0 [1/2]"
+
+
+def test_parity_report_cli_bfloat16_jitted(capsys):
+    from parity.report_trm import main
+
+    assert main(["--variant", "att", "--dtype", "bfloat16", "--jit"]) == 0
+    out = capsys.readouterr().out
+    assert "jitted" in out and "as-torch" not in out and "limit = 3 x torch err" in out
+    assert "logits" in out and "0 failed" in out
