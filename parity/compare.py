@@ -42,6 +42,51 @@ BFLOAT16 = Tolerance(
 EXACT = Tolerance("exact", 0.0, 0.0, why="the same bits: a copy, a permutation or integer logic")
 
 
+@dataclasses.dataclass(frozen=True)
+class ReferenceBound:
+    """A bound for a low-precision run judged by its distance to the exact value.
+
+    Used where the reference implementation's own low-precision error is as large as the bound a
+    direct comparison would need. Three runs: the port and the reference implementation in the
+    same low precision, and the reference implementation in float64 (the exact value; the port's
+    float64 run equals it within FLOAT64). Passes when
+
+        err(port) <= factor * err(reference implementation) + floor
+
+    with err measured against the float64 run by `metric`: "max" = max|x - exact| / max|exact|
+    (the scale-relative error FLOAT32 limits), "rms" = rms(x - exact) / rms(exact). A port that
+    is merely more accurate than the reference implementation passes; a wrong formula does not.
+    """
+
+    name: str
+    factor: float
+    floor: float
+    metric: str = "max"
+    why: str = ""
+
+
+# One TRM ACT step at H2/L2 (parity.report_trm.tiny_config), every captured tensor, measured on 7
+# variants x 8 seeds x eager/jitted x 3 CPU kernel sets (XLA AVX-512/AVX2/SSE4.2, ATen
+# avx512/avx2/default); docs/porting_trm.md has the tables.
+AS_TORCH_FLOAT32 = ReferenceBound(
+    "as-torch-float32",
+    factor=2.0,
+    floor=1e-5,
+    metric="max",
+    why="torch float32 itself is up to 2.1e-5 of scale from float64 on a deep attention block "
+    "(ATen default kernels), so port-vs-torch within 1e-5 cannot hold on every CPU; measured "
+    "port error / limit <= 0.42 at seed 0, <= 0.68 over all seeds",
+)
+AS_TORCH_BFLOAT16 = ReferenceBound(
+    "as-torch-bfloat16",
+    factor=3.0,
+    floor=2**-9,
+    metric="rms",
+    why="torch bf16 itself is 1-6% (rms) from float64 after H2/L2; measured port/torch rms ratio "
+    "median 1.00 eager, 0.96 jitted, worst 3.1 (one seed of 8); error / limit <= 0.44 at seed 0",
+)
+
+
 def _to_numpy(x) -> np.ndarray:
     if hasattr(x, "detach"):  # torch.Tensor, without importing torch
         x = x.detach().cpu()
@@ -138,6 +183,70 @@ def compare(name: str, actual, expected, tol: Tolerance) -> Comparison:
     )
 
 
+@dataclasses.dataclass
+class ReferenceComparison:
+    name: str
+    shape: tuple
+    error: float  # err(actual) against the exact value
+    reference_error: float  # err(reference implementation, same precision) against the exact value
+    direct: float  # actual against the low-precision reference implementation, same metric
+    limit: float  # factor * reference_error + floor
+    bound: ReferenceBound
+    passed: bool
+
+    @property
+    def ratio(self) -> float:
+        """error / limit: below 1 passes."""
+        return self.error / self.limit if self.limit > 0 else float("inf")
+
+    def message(self) -> str:
+        b = self.bound
+        return (
+            f"{'ok' if self.passed else 'MISMATCH'} {self.name} shape={self.shape}"
+            f" bound={b.name}({b.metric} error vs float64 <= {b.factor:g} x reference's + {b.floor:g})"
+            f" error={self.error:.3e} reference_error={self.reference_error:.3e}"
+            f" limit={self.limit:.3e} direct={self.direct:.3e}"
+            + (f"  [{b.why}]" if b.why and not self.passed else "")
+        )
+
+
+def _error(x: np.ndarray, exact: np.ndarray, metric: str) -> float:
+    d = x - exact
+    if metric == "max":
+        scale = float(np.max(np.abs(exact)))
+        return float(np.max(np.abs(d))) / scale if scale > 0 else float(np.max(np.abs(d)))
+    if metric == "rms":
+        scale = float(np.sqrt(np.mean(np.square(exact))))
+        err = float(np.sqrt(np.mean(np.square(d))))
+        return err / scale if scale > 0 else err
+    raise ValueError(f"metric must be 'max' or 'rms', got {metric!r}")
+
+
+def compare_to_reference(
+    name: str, actual, reference, exact, bound: ReferenceBound
+) -> ReferenceComparison:
+    """`actual` (the port) and `reference` (the reference implementation, same precision) both
+    against `exact` (the reference implementation in float64), under `bound`."""
+    a, r, e = (_to_numpy(x).astype(np.float64) for x in (actual, reference, exact))
+    if not (a.shape == r.shape == e.shape):
+        raise AssertionError(f"{name}: shape mismatch {a.shape} / {r.shape} / {e.shape}")
+    if a.size == 0:
+        return ReferenceComparison(name, a.shape, 0.0, 0.0, 0.0, bound.floor, bound, True)
+    error = _error(a, e, bound.metric)
+    ref_error = _error(r, e, bound.metric)
+    limit = bound.factor * ref_error + bound.floor
+    return ReferenceComparison(
+        name=name,
+        shape=tuple(a.shape),
+        error=error,
+        reference_error=ref_error,
+        direct=_error(a, r, bound.metric),
+        limit=limit,
+        bound=bound,
+        passed=bool(np.isfinite(error) and error <= limit),
+    )
+
+
 def assert_close(name: str, actual, expected, tol: Tolerance) -> Comparison:
     """compare() and raise AssertionError with the full report on mismatch."""
     c = compare(name, actual, expected, tol)
@@ -176,5 +285,27 @@ def format_table(rows: list[Comparison]) -> str:
             f"{c.tolerance.rtol:>10.0e}  {'pass' if c.passed else 'FAIL'}"
         )
     n_bad = sum(not c.passed for c in rows)
+    lines.append(f"{len(rows) - n_bad} passed, {n_bad} failed")
+    return "\n".join(lines)
+
+
+def format_reference_table(rows: list[ReferenceComparison]) -> str:
+    """The table for ReferenceBound checks: errors against the float64 run, the limit they get."""
+    head = (
+        f"{'tensor':<48} {'shape':<18} {'port err':>10} {'torch err':>10} {'limit':>10}"
+        f" {'port/lim':>9} {'direct':>10}  result"
+    )
+    lines = [head, "-" * len(head)]
+    for c in rows:
+        lines.append(
+            f"{c.name:<48} {str(c.shape):<18} {c.error:>10.2e} {c.reference_error:>10.2e}"
+            f" {c.limit:>10.2e} {c.ratio:>9.2f} {c.direct:>10.2e}  {'pass' if c.passed else 'FAIL'}"
+        )
+    n_bad = sum(not c.passed for c in rows)
+    if rows:
+        b = rows[0].bound
+        lines.append(
+            f"errors: {b.metric} vs the float64 reference; limit = {b.factor:g} x torch err + {b.floor:g}"
+        )
     lines.append(f"{len(rows) - n_bad} passed, {n_bad} failed")
     return "\n".join(lines)

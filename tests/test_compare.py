@@ -87,3 +87,24 @@ def test_opted_in_nonfinite_still_checks_the_finite_entries():
     # a float32 infinity against a float64 one is the same infinity
     a = np.array([-INF, 1.0], np.float32)
     assert compare("x", a, a.astype(np.float64), tol).passed
+
+
+def test_reference_bound_is_relative_to_the_reference_implementations_error():
+    from parity.compare import ReferenceBound, compare_to_reference
+
+    exact = np.linspace(-1.0, 1.0, 201)
+    ref = exact + 1e-4 * np.sin(np.arange(201))  # the reference implementation's own error: 1e-4
+    bound = ReferenceBound("test", factor=2.0, floor=1e-6, metric="max")
+    more_accurate = compare_to_reference("x", exact + 1e-5, ref, exact, bound)
+    assert more_accurate.passed and abs(more_accurate.reference_error - 1e-4) < 1e-6
+    assert more_accurate.direct > 8e-5  # far from the reference implementation, close to exact
+    # 2.5 x the reference's error: over 2 x 1e-4 + 1e-6, wherever the reference happens to be
+    wrong = compare_to_reference("x", exact + 2.5e-4, ref, exact, bound)
+    assert not wrong.passed and "x" in wrong.message() and "MISMATCH" in wrong.message()
+    # the floor stands where the reference implementation is exact
+    assert not compare_to_reference("x", exact + 2e-6, exact, exact, bound).passed
+    assert compare_to_reference("x", exact + 5e-7, exact, exact, bound).passed
+    rms = ReferenceBound("test", factor=1.0, floor=0.0, metric="rms")
+    assert abs(compare_to_reference("x", 2 * exact, exact, exact, rms).error - 1.0) < 1e-12
+    with pytest.raises(ValueError, match="metric"):
+        compare_to_reference("x", exact, exact, exact, ReferenceBound("t", 1.0, 0.0, "mean"))

@@ -1,38 +1,81 @@
 """One ACT step, module by module: NNX port vs our torch reference (parity/trm_torch) with the same
 weights. Every captured tensor (input embedding, puzzle prefix, every block of every L and H cycle,
-the latents, logits, q logits) is compared under a named tolerance; a failure names the tensor."""
+the latents, logits, q logits) is compared under a named bound; a failure names the tensor.
+
+float64: port vs torch directly (FLOAT64). float32 and bfloat16: torch's own round-off through the
+recursion is as large as a direct bound (float32: torch vs torch-in-float64 up to 2.1e-5 of scale
+on one block output), so the port and torch in that dtype are both measured against torch in
+float64 and the port may be no further from it than torch itself plus a margin (ReferenceBound,
+parity/compare.py). Eager (op-by-op, like torch) and jitted (one XLA program, as in training).
+"""
 
 import pytest
 
 pytest.importorskip("torch")
 
-from parity.compare import BFLOAT16, FLOAT32, FLOAT64  # noqa: E402
-from parity.report_trm import make_batch, make_pair, one_step_comparisons, tiny_config  # noqa: E402
+from parity.compare import (  # noqa: E402
+    AS_TORCH_BFLOAT16,
+    AS_TORCH_FLOAT32,
+    BFLOAT16,
+    FLOAT64,
+)
+from parity.report_trm import (  # noqa: E402
+    VARIANTS,
+    make_batch,
+    make_pair,
+    one_step_comparisons,
+    reference_comparisons,
+    tiny_config,
+)
 
 
-def _check(cfg, tol, seed=0, *, names=None):
+def _pair(cfg, seed=0):
     head, model = make_pair(cfg, seed)
     head.eval()
     model.eval()
-    rows = one_step_comparisons(head, model, make_batch(cfg, seed), tol)
-    # the capture must hold every block call: H_cycles * (L_cycles + 1) * L_layers for TRM
+    return head, model
+
+
+def _check(cfg, tol, seed=0, *, names=None, jit=False):
+    head, model = _pair(cfg, seed)
+    rows = one_step_comparisons(head, model, make_batch(cfg, seed), tol, jit=jit)
     checked = [r for r in rows if names is None or r.name in names]
     bad = [r.message() for r in checked if not r.passed]
     assert not bad, "\n".join(bad)
     return rows
 
 
+def _check_vs_float64(cfg, bound, seed=0, *, jit=False):
+    head, model = _pair(cfg, seed)
+    rows = reference_comparisons(head, model, make_batch(cfg, seed), bound, jit=jit)
+    bad = [r.message() for r in rows if not r.passed]
+    assert not bad, f"{len(bad)} of {len(rows)} tensors:\n" + "\n".join(bad)
+    return rows
+
+
 @pytest.mark.parametrize("variant", ["mlp_t", "att", "learned"])
 def test_one_step_float32(variant):
     cfg = tiny_config(variant, "float32")
-    rows = _check(cfg, FLOAT32)
+    rows = _check_vs_float64(cfg, AS_TORCH_FLOAT32)
+    # the capture holds every block call: H_cycles * (L_cycles + 1) * L_layers for TRM
     n_blocks = sum(".layers." in r.name for r in rows)
     assert n_blocks == cfg.H_cycles * (cfg.L_cycles + 1) * cfg.L_layers
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_one_step_float32_jitted(variant):
+    # the step as training runs it: one XLA program (fusion and reduction order differ from eager)
+    _check_vs_float64(tiny_config(variant, "float32"), AS_TORCH_FLOAT32, jit=True)
 
 
 @pytest.mark.parametrize("variant", ["mlp_t", "att"])
 def test_one_step_float64(variant, x64):
     _check(tiny_config(variant, "float64"), FLOAT64)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_one_step_float64_jitted(variant, x64):
+    _check(tiny_config(variant, "float64"), FLOAT64, jit=True)
 
 
 def test_one_step_bfloat16_mlp_t():
@@ -57,7 +100,15 @@ def test_variants_one_step_float64(variant, x64):
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["hrm", "singlez", "hier6", "baseline"])
 def test_variants_one_step_float32(variant):
-    _check(tiny_config(variant, "float32"), FLOAT32)
+    _check_vs_float64(tiny_config(variant, "float32"), AS_TORCH_FLOAT32)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jitted"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_one_step_bfloat16_as_torch(variant, jit):
+    # The default depth (H2/L2), every captured tensor: the port in bf16 is no further from the
+    # float64 value than torch in bf16 is, within AS_TORCH_BFLOAT16's factor.
+    _check_vs_float64(tiny_config(variant, "bfloat16"), AS_TORCH_BFLOAT16, jit=jit)
 
 
 def test_mlp_t_norm_is_over_tokens():
@@ -176,3 +227,50 @@ def test_baseline_ignores_mlp_t_float64(x64):
     want = dict(jax_one_step(plain_model, batch))
     for name in ("logits", "q_logits", "z_H"):
         np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(want[name]), err_msg=name)
+
+
+def test_reference_bounds_catch_a_wrong_port(monkeypatch):
+    """The float32 and bf16 bounds are relative to torch's own error; they must still see a wrong
+    port. float32: one weight element off by 1e-3 (every tensor from the changed block on fails,
+    by 35x on its first output). bf16, where torch's own error is 1-3% rms: one weight matrix 10%
+    off fails on the logits (measured 2.1x the limit), a block without its attention residual
+    fails from its first output on (measured 75x on the logits)."""
+    import models.trm.layers as layers
+
+    def failing(cfg, bound, wrong):
+        head, model = _pair(cfg)
+        wrong(model)
+        rows = reference_comparisons(head, model, make_batch(cfg), bound)
+        failed = [r.name for r in rows if not r.passed]
+        assert "logits" in failed, "\n".join(r.message() for r in rows)
+        return failed
+
+    def nudge_one_element(model):
+        w = model.inner.L_level.layers[1].mlp.down_proj.weight
+        w[...] = w[...].at[0, 0].add(1e-3)
+
+    def scale_matrix(model):
+        w = model.inner.L_level.layers[1].mlp.down_proj.weight
+        w[...] = w[...] * 1.1
+
+    f32 = tiny_config("att", "float32")
+    assert failing(f32, AS_TORCH_FLOAT32, nudge_one_element)[0] == "H0/L/L_level.layers.1 [1/2]"
+    bf16 = tiny_config("att", "bfloat16")
+    failing(bf16, AS_TORCH_BFLOAT16, scale_matrix)
+
+    def no_attention_residual(self, h, cos_sin):
+        h = layers.rms_norm(self.self_attn(h, cos_sin), self.norm_eps)
+        return layers.rms_norm(h + self.mlp(h), self.norm_eps)
+
+    monkeypatch.setattr(layers.Block, "_forward", no_attention_residual)
+    failed = failing(bf16, AS_TORCH_BFLOAT16, lambda model: None)
+    assert failed[0] == "H0/L/L_level.layers.0 [1/2]"
+
+
+def test_parity_report_cli_bfloat16_jitted(capsys):
+    from parity.report_trm import main
+
+    assert main(["--variant", "att", "--dtype", "bfloat16", "--jit"]) == 0
+    out = capsys.readouterr().out
+    assert "jitted" in out and "as-torch" not in out and "limit = 3 x torch err" in out
+    assert "logits" in out and "0 failed" in out

@@ -26,14 +26,17 @@ def _grad_pairs(cfg, seed=0):
     t_loss, tg = torch_grads(head, batch, expl)
     j_loss, jg = jax_grads(model, batch, expl)
     assert set(tg) == set(jg), f"gradient keys differ: {sorted(set(tg) ^ set(jg))}"
-    # 12 parameter tensors + the puzzle rows for TRM; every one of them really receives gradient
+    params = {k for k, _ in head.named_parameters()}
+    assert params <= set(tg), f"parameters without gradient: {sorted(params - set(tg))}"
+    # every parameter tensor + the puzzle rows (TRM: 12 + 1, learned adds embed_pos, baseline has
+    # H_level instead of L_level); every one of them really receives gradient
     assert all(float(np.abs(np.asarray(jg[k])).max()) > 0 for k in jg if "q_head" not in k), (
         "zero grad"
     )
     return t_loss, j_loss, [(k, jg[k], tg[k]) for k in sorted(tg)]
 
 
-@pytest.mark.parametrize("variant", ["mlp_t", "att"])
+@pytest.mark.parametrize("variant", ["mlp_t", "att", "learned"])
 def test_gradients_float64(variant, x64):
     t_loss, j_loss, pairs = _grad_pairs(tiny_config(variant, "float64"))
     assert_all_close([("loss", np.float64(j_loss), np.float64(t_loss))] + pairs, FLOAT64)
@@ -61,6 +64,7 @@ def test_gradients_float32(variant, x64):
     "variant",
     [
         "hrm",
+        "baseline",
         pytest.param("singlez", marks=pytest.mark.slow),
         pytest.param("hier6", marks=pytest.mark.slow),
     ],
