@@ -76,7 +76,7 @@ def test_mlp_t_norm_is_over_tokens():
     t = jnp.swapaxes(h, 1, 2)
     after_t = jnp.swapaxes(rms_norm(t + block.mlp_t(t), cfg.rms_norm_eps), 1, 2)
     expected = rms_norm(after_t + block.mlp(after_t), cfg.rms_norm_eps)
-    np.testing.assert_array_equal(np.asarray(block(h)), np.asarray(expected))
+    np.testing.assert_array_equal(np.asarray(block(None, h)), np.asarray(expected))
     # and its RMS over tokens (axis 1) is 1 before the channel MLP
     assert np.allclose(np.sqrt(np.mean(np.square(np.asarray(after_t)), axis=1)), 1.0, atol=1e-3)
 
@@ -100,6 +100,20 @@ def test_no_puzzle_embedding_float64(variant, x64):
     assert shapes["logits"] == (b, s, cfg.vocab_size) and shapes["q_logits"] == (b, 2)
 
 
+def _port_shapes(cfg):
+    """The port's state_dict key -> shape, from nnx.eval_shape (no arrays allocated)."""
+    from flax import nnx
+
+    from models.trm import TRM
+
+    abstract = nnx.eval_shape(lambda: TRM(cfg, rngs=nnx.Rngs(0)))
+    return {
+        "model.inner." + ".".join(map(str, path)): tuple(var.shape)
+        for path, var in nnx.iter_graph(abstract.inner)
+        if isinstance(var, nnx.Variable) and not isinstance(var, nnx.RngState)
+    }
+
+
 def _baseline_attention_shapes(state_dict_shapes, prefix="model.inner.H_level.layers.0"):
     return (
         tuple(state_dict_shapes[f"{prefix}.self_attn.qkv_proj.weight"]),
@@ -117,10 +131,8 @@ def test_baseline_heads_not_dividing_hidden_float64(x64):
     assert cfg.head_dim == 10 and cfg.num_heads * cfg.head_dim == 60 != cfg.hidden_size
     head, model = make_pair(cfg)
     torch_shapes = {k: tuple(v.shape) for k, v in head.state_dict().items()}
-    from models.trm.params import expected_shapes
-
     assert _baseline_attention_shapes(torch_shapes) == ((180, 64), (64, 60))
-    assert _baseline_attention_shapes(expected_shapes(cfg)) == ((180, 64), (64, 60))
+    assert _baseline_attention_shapes(_port_shapes(cfg)) == ((180, 64), (64, 60))
     _check(cfg, FLOAT64)
 
 
@@ -131,7 +143,6 @@ def test_baseline_upstream_yaml_shapes_on_both_sides():
     import torch
 
     from models.trm import TRMConfig
-    from models.trm.params import expected_shapes
     from parity.trm_torch import ACTLossHead, build_model
 
     cfg = TRMConfig(
@@ -139,7 +150,7 @@ def test_baseline_upstream_yaml_shapes_on_both_sides():
         batch_size=768, seq_len=81, vocab_size=11, puzzle_emb_ndim=512,
     )  # fmt: skip
     assert cfg.head_dim == 42
-    ours = expected_shapes(cfg)
+    ours = _port_shapes(cfg)
     with torch.device("meta"):
         ref = {k: tuple(v.shape) for k, v in ACTLossHead(build_model(cfg)).state_dict().items()}
     assert _baseline_attention_shapes(ours) == ((1512, 512), (512, 504))
@@ -157,14 +168,12 @@ def test_baseline_ignores_mlp_t_float64(x64):
 
     import numpy as np
 
-    from models.trm.params import expected_shapes
-
     cfg = tiny_config("baseline", "float64", mlp_t=True)
     plain = dataclasses.replace(cfg, mlp_t=False)
     assert not cfg.block_mlp_t
     head, model = make_pair(cfg)
-    assert set(head.state_dict()) == set(expected_shapes(cfg)) == set(expected_shapes(plain))
-    assert not any(".mlp_t." in k for k in expected_shapes(cfg))
+    assert set(head.state_dict()) == set(_port_shapes(cfg)) == set(_port_shapes(plain))
+    assert not any(".mlp_t." in k for k in _port_shapes(cfg))
     _check(cfg, FLOAT64)
     _, plain_model = make_pair(plain)
     for m in (model, plain_model):
