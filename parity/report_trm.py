@@ -188,31 +188,62 @@ def torch_one_step(head, batch_np):
 
 
 def jax_one_step(model, batch_np, *, jit: bool = False):
-    """One ACT step of the port with every block output captured.
+    """One ACT step of the port with every block output captured, from outside the model like
+    torch_one_step's forward hooks: Block.__call__ and InnerBase._input_embeddings are wrapped for
+    the call (the model has no instrumentation of its own), latents and outputs are read from the
+    result. The names are torch_one_step's, in the same order.
 
     Eager by default: op-by-op dispatch rounds after every op like torch eager. Under jit XLA fuses
     elementwise chains and keeps excess precision inside a fusion (bf16: computed in f32, rounded
     once), so bf16 results move away from torch's op-by-op rounding (docs/porting_trm.md).
     """
+    import jax.numpy as jnp
     from flax import nnx
 
-    from models.trm import capture_intermediates
+    from models.trm.models import Block, InnerBase
 
+    if model.config.scan:  # a block inside lax.scan returns tracers of the scan body
+        raise ValueError("jax_one_step captures every L step: build the model with scan=False")
     batch = to_jax(batch_np)
     names: list = []
 
     def step(model, batch):
-        with capture_intermediates() as trace:
-            model(model.initial_carry(batch), batch)
+        inner = model.inner
+        block_names = {
+            id(layer): f"{level}.layers.{i}"
+            for level in ("L_level", "H_level")
+            if hasattr(inner, level)
+            for i, layer in enumerate(getattr(inner, level).layers)
+        }
+        trace: list = []
+        block_call, input_embeddings = Block.__call__, InnerBase._input_embeddings
+
+        def block_hook(self, *args, **kwargs):
+            out = block_call(self, *args, **kwargs)
+            trace.append((block_names[id(self)], out))
+            return out
+
+        def spy(self, *args, **kwargs):
+            x = input_embeddings(self, *args, **kwargs)
+            trace.append(("input_embedding", x))
+            trace.append(("puzzle_prefix", x[:, : self.puzzle_emb_len]))
+            return x
+
+        Block.__call__, InnerBase._input_embeddings = block_hook, spy
+        try:
+            carry, outputs = model(model.initial_carry(batch), batch)
+        finally:
+            Block.__call__, InnerBase._input_embeddings = block_call, input_embeddings
+        for n in inner.latent_names:
+            trace.append((n, carry.inner_carry[n]))
+        trace.append(("logits", outputs["logits"]))
+        q_logits = jnp.stack([outputs["q_halt_logits"], outputs["q_continue_logits"]], -1)
+        trace.append(("q_logits", q_logits))
         names.extend(n for n, _ in trace)
         return [v for _, v in trace]
 
     values = (nnx.jit(step) if jit else step)(model, batch)
-    trace = list(zip(names, values, strict=True))
-    # order the tail like the torch side: latents, logits, q
-    head = [t for t in trace if t[0] not in ("logits", "q_logits")]
-    tail = [t for t in trace if t[0] in ("logits", "q_logits")]
-    return head + tail
+    return list(zip(names, values, strict=True))
 
 
 def _paired(jt, tt):

@@ -104,7 +104,7 @@ def test_invalid_and_impossible_values_are_errors():
     if jax.default_backend() != "gpu":  # "cudnn" on CPU: an error, never a silent fallback
         attn = Attention(128, 64, 2, attention_impl="cudnn", rngs=nnx.Rngs(0))
         with pytest.raises(ValueError, match="cannot run: the default JAX backend is 'cpu'"):
-            attn(jnp.zeros((1, 8, 128), jnp.bfloat16), None)
+            attn(None, jnp.zeros((1, 8, 128), jnp.bfloat16))
 
 
 @pytest.mark.parametrize("impl", ["xla", pytest.param("cudnn", marks=pytest.mark.gpu)])
@@ -128,7 +128,7 @@ def test_bfloat16_equals_explicit(impl):
 
     def grads(impl):
         attn = Attention(D, 64, 2, attention_impl=impl, rngs=nnx.Rngs(0))
-        f = lambda m, h: jnp.sum(m(h, cos_sin).astype(jnp.float32) * w)  # noqa: E731
+        f = lambda m, h: jnp.sum(m(cos_sin, h).astype(jnp.float32) * w)  # noqa: E731
         g_params, g_h = nnx.jit(nnx.grad(f, argnums=(0, 1)))(attn, h)
         flat = [(".".join(map(str, p)), v.get_value()) for p, v in nnx.to_flat_state(g_params)]
         return [*flat, ("h", g_h)]
@@ -143,7 +143,7 @@ def test_auto_equals_explicit_bit_for_bit_on_cpu():
     h = jax.random.normal(jax.random.key(2), (2, 18, 128), jnp.bfloat16)
     cos_sin = rope_tables(64, 18, 10000.0, jnp.bfloat16)
     out = {
-        impl: Attention(128, 64, 2, attention_impl=impl, rngs=nnx.Rngs(0))(h, cos_sin)
+        impl: Attention(128, 64, 2, attention_impl=impl, rngs=nnx.Rngs(0))(cos_sin, h)
         for impl in ("auto", "explicit")
     }
     assert_all_close([("bf16 attention", out["auto"], out["explicit"])], EXACT)

@@ -127,7 +127,7 @@ def test_mlp_t_norm_is_over_tokens():
     t = jnp.swapaxes(h, 1, 2)
     after_t = jnp.swapaxes(rms_norm(t + block.mlp_t(t), cfg.rms_norm_eps), 1, 2)
     expected = rms_norm(after_t + block.mlp(after_t), cfg.rms_norm_eps)
-    np.testing.assert_array_equal(np.asarray(block(h)), np.asarray(expected))
+    np.testing.assert_array_equal(np.asarray(block(None, h)), np.asarray(expected))
     # and its RMS over tokens (axis 1) is 1 before the channel MLP
     assert np.allclose(np.sqrt(np.mean(np.square(np.asarray(after_t)), axis=1)), 1.0, atol=1e-3)
 
@@ -151,6 +151,20 @@ def test_no_puzzle_embedding_float64(variant, x64):
     assert shapes["logits"] == (b, s, cfg.vocab_size) and shapes["q_logits"] == (b, 2)
 
 
+def _port_shapes(cfg):
+    """The port's state_dict key -> shape, from nnx.eval_shape (no arrays allocated)."""
+    from flax import nnx
+
+    from models.trm import TRM
+
+    abstract = nnx.eval_shape(lambda: TRM(cfg, rngs=nnx.Rngs(0)))
+    return {
+        "model.inner." + ".".join(map(str, path)): tuple(var.shape)
+        for path, var in nnx.iter_graph(abstract.inner)
+        if isinstance(var, nnx.Variable) and not isinstance(var, nnx.RngState)
+    }
+
+
 def _baseline_attention_shapes(state_dict_shapes, prefix="model.inner.H_level.layers.0"):
     return (
         tuple(state_dict_shapes[f"{prefix}.self_attn.qkv_proj.weight"]),
@@ -168,10 +182,8 @@ def test_baseline_heads_not_dividing_hidden_float64(x64):
     assert cfg.head_dim == 10 and cfg.num_heads * cfg.head_dim == 60 != cfg.hidden_size
     head, model = make_pair(cfg)
     torch_shapes = {k: tuple(v.shape) for k, v in head.state_dict().items()}
-    from models.trm.params import expected_shapes
-
     assert _baseline_attention_shapes(torch_shapes) == ((180, 64), (64, 60))
-    assert _baseline_attention_shapes(expected_shapes(cfg)) == ((180, 64), (64, 60))
+    assert _baseline_attention_shapes(_port_shapes(cfg)) == ((180, 64), (64, 60))
     _check(cfg, FLOAT64)
 
 
@@ -182,7 +194,6 @@ def test_baseline_upstream_yaml_shapes_on_both_sides():
     import torch
 
     from models.trm import TRMConfig
-    from models.trm.params import expected_shapes
     from parity.trm_torch import ACTLossHead, build_model
 
     cfg = TRMConfig(
@@ -190,7 +201,7 @@ def test_baseline_upstream_yaml_shapes_on_both_sides():
         batch_size=768, seq_len=81, vocab_size=11, puzzle_emb_ndim=512,
     )  # fmt: skip
     assert cfg.head_dim == 42
-    ours = expected_shapes(cfg)
+    ours = _port_shapes(cfg)
     with torch.device("meta"):
         ref = {k: tuple(v.shape) for k, v in ACTLossHead(build_model(cfg)).state_dict().items()}
     assert _baseline_attention_shapes(ours) == ((1512, 512), (512, 504))
@@ -208,14 +219,12 @@ def test_baseline_ignores_mlp_t_float64(x64):
 
     import numpy as np
 
-    from models.trm.params import expected_shapes
-
     cfg = tiny_config("baseline", "float64", mlp_t=True)
     plain = dataclasses.replace(cfg, mlp_t=False)
     assert not cfg.block_mlp_t
     head, model = make_pair(cfg)
-    assert set(head.state_dict()) == set(expected_shapes(cfg)) == set(expected_shapes(plain))
-    assert not any(".mlp_t." in k for k in expected_shapes(cfg))
+    assert set(head.state_dict()) == set(_port_shapes(cfg)) == set(_port_shapes(plain))
+    assert not any(".mlp_t." in k for k in _port_shapes(cfg))
     _check(cfg, FLOAT64)
     _, plain_model = make_pair(plain)
     for m in (model, plain_model):
@@ -235,7 +244,7 @@ def test_reference_bounds_catch_a_wrong_port(monkeypatch):
     by 35x on its first output). bf16, where torch's own error is 1-3% rms: one weight matrix 10%
     off fails on the logits (measured 2.1x the limit), a block without its attention residual
     fails from its first output on (measured 75x on the logits)."""
-    import models.trm.layers as layers
+    from models.trm import layers, models
 
     def failing(cfg, bound, wrong):
         head, model = _pair(cfg)
@@ -254,17 +263,17 @@ def test_reference_bounds_catch_a_wrong_port(monkeypatch):
         w[...] = w[...] * 1.1
 
     f32 = tiny_config("att", "float32")
-    assert failing(f32, AS_TORCH_FLOAT32, nudge_one_element)[0] == "H0/L/L_level.layers.1 [1/2]"
+    assert failing(f32, AS_TORCH_FLOAT32, nudge_one_element)[0] == "L_level.layers.1 [1/6]"
     bf16 = tiny_config("att", "bfloat16")
     failing(bf16, AS_TORCH_BFLOAT16, scale_matrix)
 
-    def no_attention_residual(self, h, cos_sin):
-        h = layers.rms_norm(self.self_attn(h, cos_sin), self.norm_eps)
-        return layers.rms_norm(h + self.mlp(h), self.norm_eps)
+    def no_attention_residual(self, cos_sin, h_bld):
+        h_bld = layers.rms_norm(self.self_attn(cos_sin=cos_sin, hidden_states=h_bld), self.norm_eps)
+        return layers.rms_norm(h_bld + self.mlp(h_bld), self.norm_eps)
 
-    monkeypatch.setattr(layers.Block, "_forward", no_attention_residual)
+    monkeypatch.setattr(models.Block, "_forward", no_attention_residual)
     failed = failing(bf16, AS_TORCH_BFLOAT16, lambda model: None)
-    assert failed[0] == "H0/L/L_level.layers.0 [1/2]"
+    assert failed[0] == "L_level.layers.0 [1/6]"
 
 
 def test_parity_report_cli_bfloat16_jitted(capsys):

@@ -6,21 +6,30 @@
     carry, outputs = model(carry, batch)              # one ACT step
     loss, metrics = act_loss(carry, outputs)           # upstream ACTLossHead
 
-Trainable weights are nnx.Param; H_init/L_init are `LatentInit` and the puzzle table is
-`PuzzleTable` (neither is trained by AdamATan2 nor averaged by the EMA). See docs/porting_trm.md.
+Files mirror parity/trm_torch/ (layers.py, models.py, losses.py); config.py, params.py (the key
+map), optim.py and train_step.py are the port's own. `TRM` / `TRMCarry` are upstream's
+TinyRecursiveReasoningModel_ACTV1 / ..._ACTV1Carry. Trainable weights are nnx.Param; H_init/L_init
+are `LatentInit` and the puzzle table is `PuzzleTable` (neither is trained by AdamATan2 nor
+averaged by the EMA). See docs/porting_trm.md.
 """
 
 from models.trm.config import TRMConfig
-from models.trm.layers import LatentInit, PuzzleTable, capture_intermediates
-from models.trm.trm import TRM, TRMCarry
+from models.trm.layers import LatentInit, PuzzleTable
+from models.trm.models import (
+    TRM,
+    TinyRecursiveReasoningModel_ACTV1,
+    TinyRecursiveReasoningModel_ACTV1Carry,
+    TRMCarry,
+)
 
 __all__ = [
     "TRM",
     "TRMCarry",
     "TRMConfig",
+    "TinyRecursiveReasoningModel_ACTV1",
+    "TinyRecursiveReasoningModel_ACTV1Carry",
     "LatentInit",
     "PuzzleTable",
-    "capture_intermediates",
     "act_loss",
     "from_torch",
     "to_torch",
@@ -29,7 +38,7 @@ __all__ = [
 
 def __getattr__(name):  # loss and converters load on first use
     if name == "act_loss":
-        from models.trm.loss import act_loss
+        from models.trm.losses import act_loss
 
         return act_loss
     if name in ("from_torch", "to_torch"):

@@ -1,13 +1,16 @@
-"""TRM building blocks in Flax NNX, named like upstream's models/layers.py so weights map by rule.
+"""TRM building blocks in Flax NNX (upstream models/layers.py, models/sparse_embedding.py).
 
-Weights keep the PyTorch layout (Linear: (out, in)) so `from_torch` is a rename, never a
-transpose; the forward computes x @ W.T exactly like F.linear.
+Read beside parity/trm_torch/layers.py: the same functions and classes in the same order, with the
+same names and argument orders, so weights map by rule. Weights keep the PyTorch layout (Linear:
+(out, in)) so `from_torch` is a rename, never a transpose; the forward computes x @ W.T like
+F.linear.
+
+Axis names in variable suffixes: B batch, L positions (puzzle prefix + tokens), D hidden size,
+N heads, H head size, S key positions.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import math
 
@@ -23,6 +26,7 @@ from models.attention import ATTENTION_IMPLS, cuda_compute_capability, cudnn_uns
 _TRUNC_STD = 0.87962566103423978
 
 
+# torch registers these as buffers; NNX needs a Variable kind that is not nnx.Param
 class LatentInit(nnx.Variable):
     """H_init / L_init: persistent buffers in the forward dtype, NOT trained (not nnx.Param)."""
 
@@ -31,8 +35,15 @@ class PuzzleTable(nnx.Variable):
     """The per-puzzle embedding table (upstream `puzzle_emb.weights`, a buffer updated by SignSGD)."""
 
 
+def compute_dtype(dtype) -> jnp.dtype:
+    """Upstream upcasts to float32 inside rms_norm and RoPE; 'at least float32' keeps a float64
+    run in float64 (identical for float32/bfloat16)."""
+    return jnp.promote_types(jnp.float32, dtype)
+
+
 def trunc_normal(key, shape, std: float, dtype=jnp.float32) -> jax.Array:
-    """Truncated normal on [-2 std', 2 std'] scaled to std exactly (upstream trunc_normal_init_)."""
+    """Truncated normal on [-2 std', 2 std'] scaled to std exactly (upstream trunc_normal_init_;
+    torch fills a tensor in place, here a new array is returned)."""
     if std == 0:
         return jnp.zeros(shape, dtype)
     if isinstance(key, jax.core.Tracer) or not jax.config.jax_threefry_partitionable:
@@ -54,51 +65,31 @@ def _scaled_trunc_normal(key, size: int, scale):
     return jax.random.truncated_normal(key, -2.0, 2.0, (size,), jnp.float32) * scale
 
 
-def compute_dtype(dtype) -> jnp.dtype:
-    """Upstream upcasts to float32 inside rms_norm and RoPE; 'at least float32' keeps a float64
-    run in float64 (identical for float32/bfloat16)."""
-    return jnp.promote_types(jnp.float32, dtype)
-
-
-# --- intermediate capture for parity reports (eager only; a no-op otherwise) ---------------------
-_TRACE: contextvars.ContextVar[list | None] = contextvars.ContextVar("trm_trace", default=None)
-_TAG: contextvars.ContextVar[str] = contextvars.ContextVar("trm_tag", default="")
-
-
-@contextlib.contextmanager
-def capture_intermediates():
-    """Collect (name, array) for the input embedding, every block call and the outputs."""
-    trace: list = []
-    token = _TRACE.set(trace)
-    try:
-        yield trace
-    finally:
-        _TRACE.reset(token)
-
-
-@contextlib.contextmanager
-def _tag(tag: str):
-    token = _TAG.set(tag)
-    try:
-        yield
-    finally:
-        _TAG.reset(token)
-
-
-def record(name: str, value) -> None:
-    trace = _TRACE.get()
-    if trace is not None:
-        tag = _TAG.get()
-        trace.append((f"{tag}/{name}" if tag else name, value))
-
-
-# --- layers ------------------------------------------------------------------------------------
-def rms_norm(h, eps: float):
+def rms_norm(hidden_states, variance_epsilon: float):
     """Parameter-free RMSNorm over the last axis, computed in (at least) float32."""
-    dtype = h.dtype
-    h = h.astype(compute_dtype(dtype))
+    dtype = hidden_states.dtype
+    h = hidden_states.astype(compute_dtype(dtype))
     variance = jnp.mean(jnp.square(h), axis=-1, keepdims=True)
-    return (h * jax.lax.rsqrt(variance + eps)).astype(dtype)
+    return (h * jax.lax.rsqrt(variance + variance_epsilon)).astype(dtype)
+
+
+def _find_multiple(a: int, b: int) -> int:
+    return -(a // -b) * b
+
+
+def _rotate_half(x):
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    return jnp.concatenate([-x2, x1], axis=-1)
+
+
+def apply_rotary_pos_emb(q_blnh, k_blnh, cos_lh, sin_lh):
+    """Non-interleaved RoPE in the tables' dtype (at least float32), cast back to q's dtype."""
+    dtype = q_blnh.dtype
+    q_blnh, k_blnh = q_blnh.astype(cos_lh.dtype), k_blnh.astype(cos_lh.dtype)
+    cos_l1h, sin_l1h = cos_lh[:, None, :], sin_lh[:, None, :]  # broadcast over heads
+    q_blnh = q_blnh * cos_l1h + _rotate_half(q_blnh) * sin_l1h
+    k_blnh = k_blnh * cos_l1h + _rotate_half(k_blnh) * sin_l1h
+    return q_blnh.astype(dtype), k_blnh.astype(dtype)
 
 
 class CastedLinear(nnx.Module):
@@ -114,7 +105,7 @@ class CastedLinear(nnx.Module):
         if self.bias is None:
             return jnp.matmul(x, w.T)
         # torch's addmm adds the bias before the single rounding to a low-precision dtype
-        ct = jnp.promote_types(jnp.float32, x.dtype)
+        ct = compute_dtype(x.dtype)
         y = jnp.matmul(x, w.T, preferred_element_type=ct) + self.bias[...].astype(x.dtype).astype(
             ct
         )
@@ -146,47 +137,25 @@ class CastedSparseEmbedding(nnx.Module):
         return rows.astype(self.cast_to)
 
 
-def _find_multiple(a: int, b: int) -> int:
-    return -(a // -b) * b
-
-
-class SwiGLU(nnx.Module):
-    def __init__(self, hidden_size: int, expansion: float, *, rngs: nnx.Rngs):
-        # Python round (banker's rounding), as upstream
-        inter = _find_multiple(round(expansion * hidden_size * 2 / 3), 256)
-        self.gate_up_proj = CastedLinear(hidden_size, inter * 2, bias=False, rngs=rngs)
-        self.down_proj = CastedLinear(inter, hidden_size, bias=False, rngs=rngs)
-
-    def __call__(self, x):
-        gate, up = jnp.split(self.gate_up_proj(x), 2, axis=-1)  # first half is the gate
-        # silu rounded once to the input dtype, as torch's fused F.silu (not x*sigmoid(x) in bf16)
-        act = jax.nn.silu(gate.astype(compute_dtype(gate.dtype))).astype(gate.dtype)
-        return self.down_proj(act * up)
-
-
 def rope_tables(dim: int, max_pos: int, base: float, dtype) -> tuple[jax.Array, jax.Array]:
     """cos/sin (max_pos, dim), non-interleaved layout; recomputed (not in the state_dict)."""
     dt = compute_dtype(dtype)
     inv_freq = 1.0 / (base ** (jnp.arange(0, dim, 2, dtype=dt) / dim))
     t = jnp.arange(max_pos, dtype=dt)
-    freqs = jnp.outer(t, inv_freq)
-    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    emb = jnp.concatenate([jnp.outer(t, inv_freq)] * 2, axis=-1)
     return jnp.cos(emb), jnp.sin(emb)
 
 
-def _rotate_half(x):
-    x1, x2 = jnp.split(x, 2, axis=-1)
-    return jnp.concatenate([-x2, x1], axis=-1)
+class RotaryEmbedding(nnx.Module):
+    """torch caches cos/sin as non-persistent buffers; here they are recomputed per call (no state,
+    so nothing appears in the checkpoint either)."""
 
+    def __init__(self, dim: int, max_position_embeddings: int, base: float, dtype=jnp.float32):
+        self.dim, self.max_position_embeddings, self.base = dim, max_position_embeddings, base
+        self.dtype = jnp.dtype(dtype)
 
-def apply_rotary(q_bshd, k_bshd, cos_sd, sin_sd):
-    dtype = q_bshd.dtype
-    q = q_bshd.astype(cos_sd.dtype)
-    k = k_bshd.astype(cos_sd.dtype)
-    cos, sin = cos_sd[:, None, :], sin_sd[:, None, :]  # broadcast over heads
-    q = q * cos + _rotate_half(q) * sin
-    k = k * cos + _rotate_half(k) * sin
-    return q.astype(dtype), k.astype(dtype)
+    def __call__(self):
+        return rope_tables(self.dim, self.max_position_embeddings, self.base, self.dtype)
 
 
 def resolve_attention_impl(requested: str, dtype, head_dim: int) -> str:
@@ -222,87 +191,53 @@ class Attention(nnx.Module):
         attention_impl: str = "auto",
         rngs: nnx.Rngs,
     ):
-        self.head_dim = head_dim
-        self.num_heads = num_heads
+        self.head_dim, self.num_heads = head_dim, num_heads
         self.attention_impl = attention_impl  # TRMConfig.attention_impl, resolved per call
         self.qkv_proj = CastedLinear(hidden_size, 3 * num_heads * head_dim, bias=False, rngs=rngs)
         self.o_proj = CastedLinear(num_heads * head_dim, hidden_size, bias=False, rngs=rngs)
 
-    def __call__(self, h_bsd, cos_sin):
-        b, s, _ = h_bsd.shape
-        nh, hd = self.num_heads, self.head_dim
-        qkv = self.qkv_proj(h_bsd).reshape(b, s, 3 * nh, hd)
-        q, k, v = qkv[:, :, :nh], qkv[:, :, nh : 2 * nh], qkv[:, :, 2 * nh :]
+    def __call__(self, cos_sin, hidden_states):
+        B, L, _ = hidden_states.shape
+        N, H = self.num_heads, self.head_dim
+        qkv_blnh = self.qkv_proj(hidden_states).reshape(B, L, 3 * N, H)
+        q_blnh, k_bsnh, v_bsnh = (
+            qkv_blnh[:, :, :N],
+            qkv_blnh[:, :, N : 2 * N],
+            qkv_blnh[:, :, 2 * N :],
+        )
         if cos_sin is not None:
-            q, k = apply_rotary(q, k, *cos_sin)
-        impl = resolve_attention_impl(self.attention_impl, q.dtype, hd)
+            q_blnh, k_bsnh = apply_rotary_pos_emb(q_blnh, k_bsnh, *cos_sin)
+        impl = resolve_attention_impl(self.attention_impl, q_blnh.dtype, H)
         if impl != "explicit":  # torch's SDPA picks its kernel itself; here the config picks it
-            out = jax.nn.dot_product_attention(
-                q, k, v, scale=1.0 / math.sqrt(hd), implementation=impl
+            out_blnh = jax.nn.dot_product_attention(
+                q_blnh, k_bsnh, v_bsnh, scale=1.0 / math.sqrt(H), implementation=impl
             )
-            return self.o_proj(out.reshape(b, s, nh * hd))
-        # SDPA (no mask, non-causal, scale 1/sqrt(hd)). Like torch's flash kernels: scores and
+            return self.o_proj(out_blnh.reshape(B, L, N * H))
+        # SDPA (no mask, non-causal, scale 1/sqrt(H)). Like torch's flash kernels: scores and
         # softmax in at least float32, probabilities rounded to the forward dtype before the
         # product with v (accumulated in float32), output in the forward dtype.
-        ct = compute_dtype(q.dtype)
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=ct) / math.sqrt(hd)
-        e = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
-        out = jnp.einsum("bhqk,bkhd->bqhd", e.astype(v.dtype), v, preferred_element_type=ct)
-        out = (out / jnp.swapaxes(jnp.sum(e, axis=-1), 1, 2)[..., None]).astype(h_bsd.dtype)
-        return self.o_proj(out.reshape(b, s, nh * hd))
+        ct = compute_dtype(q_blnh.dtype)
+        scores_bnls = jnp.einsum(
+            "blnh,bsnh->bnls", q_blnh, k_bsnh, preferred_element_type=ct
+        ) / math.sqrt(H)
+        e_bnls = jnp.exp(scores_bnls - jnp.max(scores_bnls, axis=-1, keepdims=True))
+        out_blnh = jnp.einsum(
+            "bnls,bsnh->blnh", e_bnls.astype(v_bsnh.dtype), v_bsnh, preferred_element_type=ct
+        )
+        denom_bln = jnp.swapaxes(jnp.sum(e_bnls, axis=-1), 1, 2)
+        out_blnh = (out_blnh / denom_bln[..., None]).astype(hidden_states.dtype)
+        return self.o_proj(out_blnh.reshape(B, L, N * H))
 
 
-class Block(nnx.Module):
-    """Post-norm block: attention + SwiGLU, or (mlp_t) a token-mixing SwiGLU + SwiGLU."""
+class SwiGLU(nnx.Module):
+    def __init__(self, hidden_size: int, expansion: float, *, rngs: nnx.Rngs):
+        # Python round (banker's rounding), as upstream
+        inter = _find_multiple(round(expansion * hidden_size * 2 / 3), 256)
+        self.gate_up_proj = CastedLinear(hidden_size, inter * 2, bias=False, rngs=rngs)
+        self.down_proj = CastedLinear(inter, hidden_size, bias=False, rngs=rngs)
 
-    def __init__(self, config, *, rngs: nnx.Rngs, mlp_t: bool | None = None):
-        self.norm_eps = config.rms_norm_eps
-        # config.block_mlp_t: mlp_t, except for the transformers_baseline (attention blocks only)
-        self.use_mlp_t = config.block_mlp_t if mlp_t is None else mlp_t
-        self.remat = config.remat
-        self.remat_policy = config.remat_policy
-        if self.use_mlp_t:
-            self.mlp_t = SwiGLU(config.total_len, config.expansion, rngs=rngs)
-        else:
-            self.self_attn = Attention(
-                config.hidden_size,
-                config.head_dim,
-                config.num_heads,
-                attention_impl=config.attention_impl,
-                rngs=rngs,
-            )
-        self.mlp = SwiGLU(config.hidden_size, config.expansion, rngs=rngs)
-
-    def _forward(self, h_bld, cos_sin):
-        if self.use_mlp_t:
-            h_bdl = jnp.swapaxes(h_bld, 1, 2)
-            # mixes tokens, and the RMSNorm here is over the token axis L (upstream's layout)
-            h_bdl = rms_norm(h_bdl + self.mlp_t(h_bdl), self.norm_eps)
-            h_bld = jnp.swapaxes(h_bdl, 1, 2)
-        else:
-            h_bld = rms_norm(h_bld + self.self_attn(h_bld, cos_sin), self.norm_eps)
-        return rms_norm(h_bld + self.mlp(h_bld), self.norm_eps)
-
-    def __call__(self, h_bld, cos_sin=None):
-        if self.remat:
-            # activation checkpointing: recompute (what the policy does not keep of) the block in
-            # the backward pass
-            policy = getattr(jax.checkpoint_policies, self.remat_policy)
-            return jax.checkpoint(lambda h, cs: self._forward(h, cs), policy=policy)(h_bld, cos_sin)
-        return self._forward(h_bld, cos_sin)
-
-
-class ReasoningModule(nnx.Module):
-    """h <- h + injection (once), then the blocks in order. `name` labels captured outputs."""
-
-    def __init__(self, config, num_layers: int, name: str, *, rngs: nnx.Rngs):
-        self.name = name
-        self.layers = nnx.List([Block(config, rngs=rngs) for _ in range(num_layers)])
-
-    def __call__(self, h, injection=None, cos_sin=None):
-        if injection is not None:
-            h = h + injection
-        for i, layer in enumerate(self.layers):
-            h = layer(h, cos_sin)
-            record(f"{self.name}.layers.{i}", h)
-        return h
+    def __call__(self, x):
+        gate, up = jnp.split(self.gate_up_proj(x), 2, axis=-1)  # first half is the gate
+        # silu rounded once to the input dtype, as torch's fused F.silu (not x*sigmoid(x) in bf16)
+        act = jax.nn.silu(gate.astype(compute_dtype(gate.dtype))).astype(gate.dtype)
+        return self.down_proj(act * up)

@@ -12,6 +12,7 @@ from flax import nnx
 
 from models.state_dict import COMPILE_PREFIX, check_keys, strip_prefix, to_numpy
 from models.trm.config import TRMConfig
+from models.trm.models import TRM
 
 INNER_PREFIX = "model.inner."
 PUZZLE_KEY = INNER_PREFIX + "puzzle_emb.weights"
@@ -30,13 +31,6 @@ def _variables(model) -> dict:
     return out
 
 
-def expected_shapes(config: TRMConfig) -> dict[str, tuple[int, ...]]:
-    from models.trm.trm import TRM
-
-    abstract = nnx.eval_shape(lambda: TRM(config, rngs=nnx.Rngs(0)))
-    return {k: tuple(v.shape) for k, v in _variables(abstract).items()}
-
-
 def from_torch(state_dict, config: TRMConfig, *, seed: int = 0, source: str = "state_dict"):
     """Build a TRM holding the weights of an upstream (or parity.trm_torch) state_dict.
 
@@ -45,8 +39,6 @@ def from_torch(state_dict, config: TRMConfig, *, seed: int = 0, source: str = "s
     for fine-tuning on new puzzles). Anything else missing, unexpected or wrongly shaped raises
     models.state_dict.StateDictError listing every such key. `seed` seeds the exploration stream.
     """
-    from models.trm.trm import TRM
-
     sd = {k: to_numpy(v) for k, v in strip_prefix(state_dict, COMPILE_PREFIX).items()}
     model = nnx.eval_shape(lambda: TRM(config, rngs=nnx.Rngs(seed)))
     variables = _variables(model)

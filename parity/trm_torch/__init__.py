@@ -1,6 +1,7 @@
 """Our PyTorch reference for TRM and its variants, written for this project (not upstream's code).
 
-Module and attribute names equal upstream's, so `ACTLossHead(build_model(cfg)).state_dict()` has
+Files, classes and argument orders mirror the port (models/trm/); module and attribute names
+equal upstream's, so `ACTLossHead(build_model(cfg)).state_dict()` has
 upstream's keys (`model.inner.…`) and upstream checkpoints load unchanged. Runs on CPU; no CUDA-only
 packages. Where upstream crashes this reference works; docs/porting_trm.md says how.
 """
@@ -12,11 +13,20 @@ from parity.trm_torch.losses import (
     softmax_cross_entropy,
     stablemax_cross_entropy,
 )
-from parity.trm_torch.models import ACTModel, build_model
+from parity.trm_torch.models import (
+    TRM,
+    TinyRecursiveReasoningModel_ACTV1,
+    TinyRecursiveReasoningModel_ACTV1Carry,
+    TRMCarry,
+    build_model,
+)
 
 __all__ = [
     "ACTLossHead",
-    "ACTModel",
+    "TRM",
+    "TRMCarry",
+    "TinyRecursiveReasoningModel_ACTV1",
+    "TinyRecursiveReasoningModel_ACTV1Carry",
     "IGNORE_LABEL_ID",
     "build_model",
     "rms_norm",

@@ -1,4 +1,10 @@
-"""Torch layers with upstream's names (models/layers.py, models/sparse_embedding.py)."""
+"""Torch layers with upstream's names (models/layers.py, models/sparse_embedding.py).
+
+The port models/trm/layers.py mirrors this file function for function, in the same order.
+
+Axis names in variable suffixes: B batch, L positions (puzzle prefix + tokens), D hidden size,
+N heads, H head size, S key positions.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,10 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+# Width of a truncated standard normal on [-2, 2]; dividing by it gives samples of std exactly
+# `std`, like upstream's trunc_normal_init_ (and Flax's variance_scaling constant).
+_TRUNC_STD = 0.87962566103423978
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -19,17 +29,37 @@ def trunc_normal_(t: torch.Tensor, std: float) -> torch.Tensor:
     with torch.no_grad():
         if std == 0:
             return t.zero_()
-        c = std / 0.87962566103423978
+        c = std / _TRUNC_STD
         x = torch.empty(t.shape, dtype=torch.float32)
         nn.init.trunc_normal_(x, mean=0.0, std=1.0, a=-2.0, b=2.0)
         return t.copy_(x * c)
 
 
-def rms_norm(h: torch.Tensor, variance_epsilon: float) -> torch.Tensor:
-    dtype = h.dtype
-    h = h.to(compute_dtype(dtype))
+def rms_norm(hidden_states: torch.Tensor, variance_epsilon: float) -> torch.Tensor:
+    """Parameter-free RMSNorm over the last axis, computed in (at least) float32."""
+    dtype = hidden_states.dtype
+    h = hidden_states.to(compute_dtype(dtype))
     variance = h.square().mean(-1, keepdim=True)
     return (h * torch.rsqrt(variance + variance_epsilon)).to(dtype)
+
+
+def _find_multiple(a: int, b: int) -> int:
+    return -(a // -b) * b
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def apply_rotary_pos_emb(q_blnh, k_blnh, cos_lh, sin_lh):
+    """Non-interleaved RoPE in the tables' dtype (at least float32), cast back to q's dtype."""
+    dtype = q_blnh.dtype
+    q_blnh, k_blnh = q_blnh.to(cos_lh.dtype), k_blnh.to(cos_lh.dtype)
+    cos_l1h, sin_l1h = cos_lh.unsqueeze(-2), sin_lh.unsqueeze(-2)  # broadcast over heads
+    q_blnh = q_blnh * cos_l1h + _rotate_half(q_blnh) * sin_l1h
+    k_blnh = k_blnh * cos_l1h + _rotate_half(k_blnh) * sin_l1h
+    return q_blnh.to(dtype), k_blnh.to(dtype)
 
 
 class CastedLinear(nn.Module):
@@ -91,11 +121,6 @@ class RotaryEmbedding(nn.Module):
         return self.cos_cached, self.sin_cached
 
 
-def _rotate_half(x):
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-
-
 class Attention(nn.Module):
     def __init__(self, hidden_size: int, head_dim: int, num_heads: int):
         super().__init__()
@@ -104,30 +129,32 @@ class Attention(nn.Module):
         self.o_proj = CastedLinear(num_heads * head_dim, hidden_size, bias=False)
 
     def forward(self, cos_sin, hidden_states):
-        b, s, _ = hidden_states.shape
-        nh, hd = self.num_heads, self.head_dim
-        qkv = self.qkv_proj(hidden_states).view(b, s, 3 * nh, hd)
-        q, k, v = qkv[:, :, :nh], qkv[:, :, nh : 2 * nh], qkv[:, :, 2 * nh :]
+        B, L, _ = hidden_states.shape
+        N, H = self.num_heads, self.head_dim
+        qkv_blnh = self.qkv_proj(hidden_states).view(B, L, 3 * N, H)
+        q_blnh, k_bsnh, v_bsnh = (
+            qkv_blnh[:, :, :N],
+            qkv_blnh[:, :, N : 2 * N],
+            qkv_blnh[:, :, 2 * N :],
+        )
         if cos_sin is not None:
-            cos, sin = cos_sin
-            dtype = q.dtype
-            q, k = q.to(cos.dtype), k.to(cos.dtype)
-            q = q * cos.unsqueeze(-2) + _rotate_half(q) * sin.unsqueeze(-2)
-            k = k * cos.unsqueeze(-2) + _rotate_half(k) * sin.unsqueeze(-2)
-            q, k = q.to(dtype), k.to(dtype)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # B H S D for SDPA
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=False)
+            q_blnh, k_bsnh = apply_rotary_pos_emb(q_blnh, k_bsnh, *cos_sin)
+        # SDPA wants B N L H
+        out_bnlh = F.scaled_dot_product_attention(
+            q_blnh.transpose(1, 2), k_bsnh.transpose(1, 2), v_bsnh.transpose(1, 2), is_causal=False
+        )
         # reshape (not .view): works whatever memory layout SDPA returns (upstream's .view does not)
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, nh * hd))
+        return self.o_proj(out_bnlh.transpose(1, 2).reshape(B, L, N * H))
 
 
 class SwiGLU(nn.Module):
     def __init__(self, hidden_size: int, expansion: float):
         super().__init__()
-        inter = -(round(expansion * hidden_size * 2 / 3) // -256) * 256
-        self.gate_up_proj = CastedLinear(hidden_size, 2 * inter, bias=False)
+        # Python round (banker's rounding), as upstream
+        inter = _find_multiple(round(expansion * hidden_size * 2 / 3), 256)
+        self.gate_up_proj = CastedLinear(hidden_size, inter * 2, bias=False)
         self.down_proj = CastedLinear(inter, hidden_size, bias=False)
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # first half is the gate
         return self.down_proj(F.silu(gate) * up)

@@ -1,7 +1,10 @@
 """Torch reference of upstream's models/losses.py: stablemax/softmax CE and ACTLossHead.
 
 Fixed: upstream's softmax_cross_entropy does not accept the `valid_mask` keyword the head passes
-(TypeError); here both losses accept it.
+(TypeError); here both losses accept it. The port models/trm/losses.py mirrors this file
+(`ACTLossHead` is its pure function `act_loss`).
+
+Axis names in variable suffixes: B batch, L labelled positions (seq_len), V vocabulary.
 """
 
 from __future__ import annotations
@@ -23,12 +26,14 @@ def log_stablemax(x, dim=-1):
 
 
 def stablemax_cross_entropy(logits, labels, ignore_index: int = IGNORE_LABEL_ID, valid_mask=None):
-    logprobs = log_stablemax(logits.to(torch.float64), dim=-1)
+    logprobs_blv = log_stablemax(logits.to(torch.float64), dim=-1)
     if valid_mask is None:
         valid_mask = labels != ignore_index
-    safe = torch.where(valid_mask, labels, 0)
-    picked = torch.gather(logprobs, index=safe.to(torch.long).unsqueeze(-1), dim=-1).squeeze(-1)
-    return -torch.where(valid_mask, picked, 0)
+    safe_bl = torch.where(valid_mask, labels, 0)
+    picked_bl = torch.gather(
+        logprobs_blv, index=safe_bl.to(torch.long).unsqueeze(-1), dim=-1
+    ).squeeze(-1)
+    return -torch.where(valid_mask, picked_bl, 0)
 
 
 def softmax_cross_entropy(logits, labels, ignore_index: int = IGNORE_LABEL_ID, valid_mask=None):
@@ -56,31 +61,35 @@ class ACTLossHead(nn.Module):
 
     def forward(self, return_keys=(), **model_kwargs):
         new_carry, outputs = self.model(**model_kwargs)
-        labels = new_carry.current_data["labels"]  # the labels of the data in each slot
+        labels_bl = new_carry.current_data["labels"]  # the labels of the data in each slot
         with torch.no_grad():
             outputs["preds"] = torch.argmax(outputs["logits"], dim=-1)
-            mask = labels != IGNORE_LABEL_ID
-            counts = mask.sum(-1)
-            divisor = counts.clamp_min(1).unsqueeze(-1)
-            is_correct = mask & (outputs["preds"] == labels)
-            seq_correct = is_correct.sum(-1) == counts
-            valid = new_carry.halted & (counts > 0)
+            mask_bl = labels_bl != IGNORE_LABEL_ID
+            counts_b = mask_bl.sum(-1)
+            divisor_b1 = counts_b.clamp_min(1).unsqueeze(-1)
+            is_correct_bl = mask_bl & (outputs["preds"] == labels_bl)
+            seq_correct_b = is_correct_bl.sum(-1) == counts_b
+            valid_b = new_carry.halted & (counts_b > 0)
             metrics = {
-                "count": valid.sum(),
+                "count": valid_b.sum(),
                 "accuracy": torch.where(
-                    valid, (is_correct.to(torch.float32) / divisor).sum(-1), 0
+                    valid_b, (is_correct_bl.to(torch.float32) / divisor_b1).sum(-1), 0
                 ).sum(),
-                "exact_accuracy": (valid & seq_correct).sum(),
-                "q_halt_accuracy": (valid & ((outputs["q_halt_logits"] >= 0) == seq_correct)).sum(),
-                "steps": torch.where(valid, new_carry.steps, 0).sum(),
+                "exact_accuracy": (valid_b & seq_correct_b).sum(),
+                "q_halt_accuracy": (
+                    valid_b & ((outputs["q_halt_logits"] >= 0) == seq_correct_b)
+                ).sum(),
+                "steps": torch.where(valid_b, new_carry.steps, 0).sum(),
             }
         lm_loss = (
-            self.loss_fn(outputs["logits"], labels, ignore_index=IGNORE_LABEL_ID, valid_mask=mask)
-            / divisor
+            self.loss_fn(
+                outputs["logits"], labels_bl, ignore_index=IGNORE_LABEL_ID, valid_mask=mask_bl
+            )
+            / divisor_b1
         ).sum()
         q_halt_loss = F.binary_cross_entropy_with_logits(
             outputs["q_halt_logits"],
-            seq_correct.to(outputs["q_halt_logits"].dtype),
+            seq_correct_b.to(outputs["q_halt_logits"].dtype),
             reduction="sum",
         )
         metrics.update({"lm_loss": lm_loss.detach(), "q_halt_loss": q_halt_loss.detach()})

@@ -7,6 +7,9 @@ float32 unless x64 is enabled, so `act_loss` refuses to run the float64 loss wit
 is unaffected), or pass `loss_dtype="float32"` to accept float32 rounding of the loss (relative
 ~1e-7; a documented deviation). tests/test_trm_loss.py::test_stablemax_is_really_float64 fails if
 the loss is ever computed in float32 while float64 was asked for.
+
+Read beside parity/trm_torch/losses.py (the same functions; its `ACTLossHead` is `act_loss` here).
+Axis names in variable suffixes: B batch, L labelled positions (seq_len), V vocabulary.
 """
 
 from __future__ import annotations
@@ -45,19 +48,19 @@ def _resolve_dtype(loss_dtype: str):
 
 
 def stablemax_cross_entropy(logits, labels, valid_mask, loss_dtype: str = "float64"):
-    logprobs = log_stablemax(logits.astype(_resolve_dtype(loss_dtype)), axis=-1)
-    safe = jnp.where(valid_mask, labels, 0)  # ignored labels gather class 0, then are masked
-    picked = jnp.take_along_axis(logprobs, safe[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    return -jnp.where(valid_mask, picked, 0)
+    logprobs_blv = log_stablemax(logits.astype(_resolve_dtype(loss_dtype)), axis=-1)
+    safe_bl = jnp.where(valid_mask, labels, 0)  # ignored labels gather class 0, then are masked
+    picked_bl1 = jnp.take_along_axis(logprobs_blv, safe_bl[..., None].astype(jnp.int32), axis=-1)
+    return -jnp.where(valid_mask, picked_bl1[..., 0], 0)
 
 
 def softmax_cross_entropy(logits, labels, valid_mask, loss_dtype: str = "float64"):
     # upstream: float32 F.cross_entropy with ignore_index (its valid_mask TypeError is fixed here)
     del loss_dtype
-    logprobs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    safe = jnp.where(valid_mask, labels, 0)
-    picked = jnp.take_along_axis(logprobs, safe[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    return -jnp.where(valid_mask, picked, 0)
+    logprobs_blv = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    safe_bl = jnp.where(valid_mask, labels, 0)
+    picked_bl1 = jnp.take_along_axis(logprobs_blv, safe_bl[..., None].astype(jnp.int32), axis=-1)
+    return -jnp.where(valid_mask, picked_bl1[..., 0], 0)
 
 
 def bce_with_logits_sum(x, z):
@@ -83,29 +86,29 @@ def act_loss(
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"act_loss: loss_type={loss_type!r}: expected one of {LOSS_TYPES}")
     loss_fn = stablemax_cross_entropy if loss_type == LOSS_TYPES[0] else softmax_cross_entropy
-    labels = new_carry.current_data["labels"]
-    logits = outputs["logits"]
+    labels_bl = new_carry.current_data["labels"]
+    logits_blv = outputs["logits"]
     sg = jax.lax.stop_gradient  # upstream's torch.no_grad metrics block
 
-    mask = labels != IGNORE_LABEL_ID
-    counts = jnp.sum(mask, axis=-1)
-    divisor = jnp.maximum(counts, 1)[..., None]
-    preds = jnp.argmax(sg(logits), axis=-1)  # first index on ties, like torch
-    is_correct = mask & (preds == labels)
-    seq_correct = jnp.sum(is_correct, axis=-1) == counts
-    valid = new_carry.halted & (counts > 0)
-    q_halt = outputs["q_halt_logits"]
+    mask_bl = labels_bl != IGNORE_LABEL_ID
+    counts_b = jnp.sum(mask_bl, axis=-1)
+    divisor_b1 = jnp.maximum(counts_b, 1)[..., None]
+    preds_bl = jnp.argmax(sg(logits_blv), axis=-1)  # first index on ties, like torch
+    is_correct_bl = mask_bl & (preds_bl == labels_bl)
+    seq_correct_b = jnp.sum(is_correct_bl, axis=-1) == counts_b
+    valid_b = new_carry.halted & (counts_b > 0)
+    q_halt_b = outputs["q_halt_logits"]
     metrics = {
-        "count": jnp.sum(valid),
+        "count": jnp.sum(valid_b),
         "accuracy": jnp.sum(
-            jnp.where(valid, jnp.sum(is_correct.astype(jnp.float32) / divisor, axis=-1), 0)
+            jnp.where(valid_b, jnp.sum(is_correct_bl.astype(jnp.float32) / divisor_b1, axis=-1), 0)
         ),
-        "exact_accuracy": jnp.sum(valid & seq_correct),
-        "q_halt_accuracy": jnp.sum(valid & ((sg(q_halt) >= 0) == seq_correct)),
-        "steps": jnp.sum(jnp.where(valid, new_carry.steps, 0)),
+        "exact_accuracy": jnp.sum(valid_b & seq_correct_b),
+        "q_halt_accuracy": jnp.sum(valid_b & ((sg(q_halt_b) >= 0) == seq_correct_b)),
+        "steps": jnp.sum(jnp.where(valid_b, new_carry.steps, 0)),
     }
-    lm_loss = jnp.sum(loss_fn(logits, labels, mask, loss_dtype) / divisor)
-    q_halt_loss = bce_with_logits_sum(q_halt, seq_correct.astype(q_halt.dtype))
+    lm_loss = jnp.sum(loss_fn(logits_blv, labels_bl, mask_bl, loss_dtype) / divisor_b1)
+    q_halt_loss = bce_with_logits_sum(q_halt_b, seq_correct_b.astype(q_halt_b.dtype))
     metrics["lm_loss"] = sg(lm_loss)
     metrics["q_halt_loss"] = sg(q_halt_loss)
     q_continue_loss = 0.0
