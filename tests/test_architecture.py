@@ -138,9 +138,7 @@ def _a_cycle(graph, component: list[str]) -> list[str]:
 def import_cycles() -> list[list[str]]:
     graph = import_graph()
     return [
-        _a_cycle(graph, c)
-        for c in _strongly_connected(graph)
-        if len(c) > 1 or c[0] in graph[c[0]]
+        _a_cycle(graph, c) for c in _strongly_connected(graph) if len(c) > 1 or c[0] in graph[c[0]]
     ]
 
 

@@ -264,8 +264,7 @@ def aot_compile(
 
     from train import mesh as mesh_lib
     from train.compose import load_config
-    from train.step import build_train_step, make_task
-    from train.trm_task import enable_x64_if_needed
+    from train.step import build_train_step, enable_x64_if_needed, make_task
 
     cfg = load_config(list(overrides))  # exactly as train.main composes and validates it
     enable_x64_if_needed(cfg)  # as train.trainer.train: TRM's float64 stablemax loss
