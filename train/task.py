@@ -180,7 +180,7 @@ class Task:
     def to_global(self, local: dict, shapes: BatchShapes | None = None) -> dict:
         """This process's numpy rows -> global arrays sharded over the batch axes (no process
         ever holds the whole batch). `shapes` defaults to the train batch; evaluation passes its
-        own. The one place that calls jax.make_array_from_process_local_data."""
+        own: every batch of both families, train and eval, is placed here."""
         return {
             k: jax.make_array_from_process_local_data(
                 self.batch_sharding(len(shape), axis), np.asarray(local[k], dtype), shape

@@ -211,8 +211,7 @@ class TRMTask(Task):
             config=self.optim,
             exploration=exploration,
         )
-        metrics = normalize_train_metrics(sums, self.batch)
-        metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+        metrics = _float32(normalize_train_metrics(sums, self.batch))
         new_state = {"train": train_state, "carry": carry, "rng": jax.random.key_data(key)}
         return new_state, metrics
 
@@ -228,11 +227,7 @@ class TRMTask(Task):
             carry, outputs, loss_type=self.optim.loss_type, loss_dtype=self.optim.loss_dtype
         )
         preds = jnp.argmax(outputs["logits"], axis=-1).astype(jnp.int32)
-        return (
-            {k: jnp.asarray(v, jnp.float32) for k, v in sums.items()},
-            preds,
-            outputs["q_halt_logits"].astype(jnp.float32),
-        )
+        return _float32(sums), preds, outputs["q_halt_logits"].astype(jnp.float32)
 
     def _eval_dataset(self):
         if not os.path.exists(os.path.join(self.data_dir, "test", "dataset.json")):
@@ -319,6 +314,11 @@ class _Meta:
     num_puzzle_identifiers: int
     total_groups: int
     mean_puzzle_examples: float
+
+
+def _float32(metrics: dict) -> dict:
+    # float32 scalars whatever the loss dtype (float64 with upstream's stablemax)
+    return {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
 
 
 def _local_rows(x):
