@@ -94,6 +94,11 @@ class Task:
     total_steps: int = 0  # optimiser steps of the schedule
     items_per_step: int = 0  # examples or tokens one step consumes (throughput)
     flops_per_step: float = 0.0  # model FLOPs of one step (MFU)
+    # Set by _setup from `init`: the static NNX graphdef, the state's ShapeDtypeStructs and the
+    # NamedShardings of every state leaf.
+    graphdef: Any = None
+    abstract_state: Any = None
+    state_shardings: Any = None
 
     # --- from the config alone, before a task exists --------------------------------------------
     @classmethod

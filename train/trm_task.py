@@ -261,8 +261,8 @@ class TRMTask(Task):
             if evaluator is not None:
                 rows = {"preds": _local_rows(preds), "q_halt_logits": _local_rows(q_halt)}
                 evaluator.update_batch(local, rows)
-        means = normalize_metrics(jax.device_get(total), mode="eval")  # per-row means, raw count
-        out = {f"eval/all/{k}": float(v) for k, v in means.items()}
+        sums = {k: float(v) for k, v in jax.device_get(total).items()}  # host float64 from here
+        out = {f"eval/all/{k}": v for k, v in normalize_metrics(sums, mode="eval").items()}
         if evaluator is not None:
             out.update(self._arc_result(evaluator, step))
         return out
