@@ -129,7 +129,7 @@ class JaxRunner:
         _CompileCounter.install()
         from omegaconf import OmegaConf
 
-        from train.trm_task import enable_x64_if_needed
+        from train.step import enable_x64_if_needed
 
         self.tcfg = OmegaConf.create(self.cfg["trainer_cfg"])
         enable_x64_if_needed(self.tcfg)  # as train.trainer does (upstream's float64 loss)

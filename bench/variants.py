@@ -53,8 +53,7 @@ def main(argv=None):
 
     from bench import configs, harness, runners
     from train import mesh as mesh_lib
-    from train.step import build_train_step, make_task
-    from train.trm_task import enable_x64_if_needed
+    from train.step import build_train_step, enable_x64_if_needed, make_task
 
     cfg = configs.get(args.config)
     if args.batch:

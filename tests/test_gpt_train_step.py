@@ -3,6 +3,8 @@ within the one-ulp envelope of the reference's own trajectory (parity/envelope.p
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import numpy as np
 import optax
@@ -39,22 +41,17 @@ def _batches(seed=0):
 
 
 def _jax_run(state_dict, x, y, *, grad_clip):
-    """The trainer's pattern: split (model, optimizer), jax.jit a function that merges and calls
-    train_step."""
+    """The trainer's pattern: split (model, optimizer), jax.jit the pure train_step with the
+    graphdef bound."""
     model = from_torch(state_dict, report_gpt.GPTConfig(**TINY, dtype="float64"))
     tx = configure_optimizers(weight_decay=0.1, learning_rate=lr_schedule(**LR), betas=(0.9, 0.95))
     optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
     graphdef, state = nnx.split((model, optimizer))
-
-    @jax.jit
-    def step(state, x_abt, y_abt):
-        model, optimizer = nnx.merge(graphdef, state)
-        metrics = train_step(model, optimizer, x_abt, y_abt, grad_clip=grad_clip)
-        return nnx.state((model, optimizer)), metrics
+    step = jax.jit(functools.partial(train_step, graphdef, grad_clip=grad_clip))
 
     losses, norms = [], []
     for it in range(ITERS):
-        state, metrics = step(state, x[it], y[it])
+        state, metrics = step(state, {"x": x[it], "y": y[it]})
         losses.append(float(metrics["loss"]))
         norms.append(float(metrics["grad_norm"]))
     model, _ = nnx.merge(graphdef, state)
@@ -176,14 +173,9 @@ def test_train_step_with_dropout_under_jit_advances_the_rng():
     eval_loss = float(model(same_x[0], same_y[0])[1])  # the same weights without dropout
     model.train()
     graphdef, state = nnx.split((model, optimizer))
+    step = jax.jit(functools.partial(train_step, graphdef, grad_clip=1.0))
 
-    @jax.jit
-    def step(state, x_abt, y_abt):
-        model, optimizer = nnx.merge(graphdef, state)
-        metrics = train_step(model, optimizer, x_abt, y_abt, grad_clip=1.0)
-        return nnx.state((model, optimizer)), metrics
-
-    state, m1 = step(state, same_x, same_y)
+    state, m1 = step(state, {"x": same_x, "y": same_y})
     model, _ = nnx.merge(graphdef, state)
     counts = [int(c) for c in jax.tree.leaves(nnx.state(model, nnx.RngCount))]
     assert counts and all(c == ACCUM for c in counts), counts  # one draw per site per micro-step

@@ -75,8 +75,7 @@ def test_every_experiment_builds_its_abstract_train_state(name):
     TRM carry) through jax.eval_shape, as the trainer does before allocating anything: shapes
     only, so GPT-2 124M and the ARC puzzle tables cost no memory here. Where the parameter count is
     published it must match, so an experiment that builds the wrong model fails too."""
-    from train.step import make_task
-    from train.trm_task import needs_x64
+    from train.step import make_task, needs_x64
 
     cfg = load_config([f"+experiment={name}"])
     live = sum(a.nbytes for a in jax.live_arrays())
@@ -158,8 +157,9 @@ def test_mesh_presets():
 
 
 def test_x64_is_needed_only_for_trm_with_the_float64_loss():
-    """train.trainer, train.aot and train.export share one decision (train.trm_task.needs_x64)."""
-    from train.trm_task import needs_x64
+    """train.trainer, train.aot and train.export share one decision (train.step.needs_x64, which
+    asks the family: Task.needs_x64)."""
+    from train.step import needs_x64
 
     assert needs_x64(load_config(["+experiment=trm_sudoku_tiny"]))  # upstream's default loss
     assert not needs_x64(load_config(["+experiment=trm_sudoku_tiny", "optim.loss_dtype=float32"]))

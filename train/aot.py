@@ -25,12 +25,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import re
 import sys
 import time
 from collections.abc import Sequence
+
+import jax
+from jax.experimental import topologies
+
+from train import mesh as mesh_lib
+from train.compose import load_config
+from train.step import build_train_step, enable_x64_if_needed, make_task
 
 GiB = 2**30
 
@@ -182,8 +190,6 @@ def _xla_flops(compiled) -> float | None:
 
 def compile_step(jitted, abstract_args, mesh):
     """-> (compiled, lower seconds, compile seconds)."""
-    import jax
-
     t0 = time.perf_counter()
     with jax.set_mesh(mesh):
         lowered = jitted.lower(*abstract_args)
@@ -235,16 +241,12 @@ def topology_devices(topology: str = "v4-64"):
     """The abstract devices of a TPU slice, from libtpu's topology description (no TPU needed)."""
     if topology not in TOPOLOGIES:
         raise ValueError(f"--topology {topology!r}: expected one of {sorted(TOPOLOGIES)}")
-    import importlib.util
-
     if importlib.util.find_spec("libtpu") is None:
         raise RuntimeError(
             "libtpu is not importable: pip install 'jax[tpu]==<your jax version>' "
             "(for jax 0.10.2: pip install 'libtpu==0.0.42.*')"
         )
-    _quiet_libtpu()
-    from jax.experimental import topologies
-
+    _quiet_libtpu()  # before libtpu loads (get_topology_desc)
     spec = TOPOLOGIES[topology]
     desc = topologies.get_topology_desc(
         platform="tpu",
@@ -261,11 +263,6 @@ def aot_compile(
 ) -> AOTReport:
     """Compose the config, build the real step on the topology's mesh, compile, analyse."""
     devices = topology_devices(topology)
-
-    from train import mesh as mesh_lib
-    from train.compose import load_config
-    from train.step import build_train_step, make_task
-    from train.trm_task import enable_x64_if_needed
 
     cfg = load_config(list(overrides))  # exactly as train.main composes and validates it
     enable_x64_if_needed(cfg)  # as train.trainer.train: TRM's float64 stablemax loss
@@ -298,8 +295,6 @@ def _explain_failure(message: str) -> str:
             "the step does NOT compile: one op needs more on-chip vector memory (vmem) than the "
             "TPU has; this is not HBM capacity, a smaller batch will not help"
         )
-        import jax
-
         if jax.config.jax_enable_x64:
             hint += (
                 ". jax x64 is on (TRM's float64 loss): 64-bit ops are emulated on TPU; try "

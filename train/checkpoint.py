@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 
+import grain
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
@@ -51,8 +52,6 @@ class Checkpointer:
                     keep_checkpoints_without_metrics=False,
                 )
             )
-        import grain
-
         self.manager = ocp.CheckpointManager(
             self.directory,
             item_names=("state", "data", "meta"),
@@ -74,8 +73,6 @@ class Checkpointer:
     def save(self, step: int, state, data_iter=None, meta=None, metrics=None, force=False):
         items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta or {})}
         if _has_grain_state(data_iter):
-            import grain
-
             items["data"] = grain.checkpoint.CheckpointSave(data_iter)
         return self.manager.save(
             step, args=ocp.args.Composite(**items), metrics=metrics, force=force
@@ -101,8 +98,6 @@ class Checkpointer:
         own_file = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
         if _has_grain_state(data_iter):
             if (self.directory / str(step) / "data" / own_file).exists():
-                import grain
-
                 items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
             else:
                 log.warning("checkpoint %d has no data state for %s: data restarts", step, own_file)

@@ -15,7 +15,9 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from train.config import ConfigError, register_schema, validate
+from train import config as config_lib
+from train.config import ConfigError
+from train.step import task_class
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
@@ -24,8 +26,10 @@ def load_config(overrides: list[str], config_dir: str = CONFIG_DIR):
     """Composes configs/config.yaml + overrides, checks it against the schema, validates it.
 
     Raises ConfigError (unknown key, wrong type, bad value, missing experiment) before any compute.
+    Model fields that depend on the data set (sizes read from its metadata) are checked when the
+    task is built, still before any compute.
     """
-    register_schema()
+    config_lib.register_schema()
     try:
         with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
             cfg = compose(config_name="config", overrides=list(overrides))
@@ -34,3 +38,18 @@ def load_config(overrides: list[str], config_dir: str = CONFIG_DIR):
     OmegaConf.set_struct(cfg, True)
     validate(cfg)
     return cfg
+
+
+def load_run_config(text: str):
+    """A run directory's config.yaml (written by the trainer), checked as `load_config` checks."""
+    cfg = OmegaConf.create(text)
+    OmegaConf.set_struct(cfg, True)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg) -> None:
+    """The trainer's sections (train.config.validate), then the model family's
+    (Task.validate_config: model / data / optim). Raises ConfigError."""
+    config_lib.validate(cfg)
+    task_class(cfg.task).validate_config(cfg)

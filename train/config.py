@@ -3,10 +3,12 @@
 Hydra composes `configs/config.yaml` + `configs/<group>/*.yaml` + `+experiment=NAME` + command-line
 overrides ON TOP OF the dataclasses below (registered in Hydra's ConfigStore as `base_config`), so
 an unknown key or a wrongly typed value in any trainer section is rejected by OmegaConf while
-composing. `model`, `data` and `optim` are free-form mappings whose keys depend on the task; they are
-checked by `validate`, which builds the model's own config dataclass (`TRMConfig` / `GPTConfig`) and
-the optimiser dataclasses below from them, so a misspelt model field fails there, before any array is
-created. Every error is a `ConfigError` naming the dotted key and what was expected.
+composing. `validate` checks the values of those sections. `model`, `data` and `optim` are
+free-form mappings whose keys depend on the model family: the family checks them
+(`Task.validate_config` in train/gpt_task.py / train/trm_task.py, called by train/compose.py) by
+building its own config dataclasses from them with `build_dataclass`, so a misspelt key fails
+there, before any array is created. Every error is a `ConfigError` naming the dotted key and what
+was expected. This module knows no model family.
 """
 
 from __future__ import annotations
@@ -15,11 +17,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from train.compilation_cache import DEFAULT_DIR, DEFAULT_MIN_COMPILE_SECS
-
-TASKS = ("trm", "gpt")
 
 
 class ConfigError(ValueError):
@@ -101,37 +102,20 @@ class CheckpointConfig:
 
 @dataclass
 class Config:
-    task: str = MISSING  # trm | gpt
+    task: str = MISSING  # a model family: trm | gpt (train/step.py TASKS)
     run: RunConfig = field(default_factory=RunConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    model: dict[str, Any] = field(default_factory=dict)  # kwargs of TRMConfig / GPTConfig
-    data: dict[str, Any] = field(default_factory=dict)  # task-specific: train/*_task.py
-    optim: dict[str, Any] = field(default_factory=dict)  # TRM: models.trm.train_step.TRMOptimConfig
-
-
-@dataclass
-class GPTOptimConfig:
-    """nanoGPT train.py's optimiser keys (names and defaults of train.py)."""
-
-    learning_rate: float = 6e-4
-    max_iters: int = 600000
-    weight_decay: float = 1e-1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    decay_lr: bool = True
-    warmup_iters: int = 2000
-    lr_decay_iters: int = 600000
-    min_lr: float = 6e-5
+    # The family's sections, checked by its Task.validate_config (train/gpt_task.py, trm_task.py):
+    model: dict[str, Any] = field(default_factory=dict)  # kwargs of GPTConfig / TRMConfig
+    data: dict[str, Any] = field(default_factory=dict)
+    optim: dict[str, Any] = field(default_factory=dict)  # GPTOptimConfig / TRMOptimConfig
 
 
 def register_schema() -> None:
     """Registers `Config` as `base_config` in Hydra's ConfigStore (configs/config.yaml extends it)."""
-    from hydra.core.config_store import ConfigStore
-
     ConfigStore.instance().store(name="base_config", node=Config)
 
 
@@ -155,55 +139,68 @@ def _positive(value, where: str, allow_zero: bool = False):
         raise ConfigError(f"{where} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 
 
-def to_container(cfg) -> dict:
-    if isinstance(cfg, DictConfig):
-        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    return cfg
-
-
 def validate(cfg: DictConfig) -> None:
-    """Checks every value the trainer reads; raises ConfigError before any compute.
+    """Checks every value of the trainer's own sections; raises ConfigError before any compute.
 
-    The model/optim sections are validated by building their dataclasses (unknown keys and
-    wrong types fail here), so a typo never reaches jit.
+    The family's sections (model / data / optim) are checked by its Task.validate_config.
     """
+    _check_known_keys(cfg)
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(
+            f"missing value(s) for {missing}; did you forget +experiment=NAME (configs/experiment/)?"
+        )
+    _positive(
+        cfg.run.compilation_cache_min_compile_secs,
+        "run.compilation_cache_min_compile_secs",
+        allow_zero=True,
+    )
+    _check_trainer(cfg.trainer)
+    _check_mesh(cfg.mesh)
+    if cfg.logging.wandb not in ("auto", "online", "offline", "disabled"):
+        raise ConfigError(
+            f"logging.wandb must be auto|online|offline|disabled, got {cfg.logging.wandb!r}"
+        )
+    c = cfg.checkpoint
+    _positive(c.interval, "checkpoint.interval", allow_zero=True)
+    _positive(c.keep_last, "checkpoint.keep_last")
+    if c.best_mode not in ("min", "max"):
+        raise ConfigError(f"checkpoint.best_mode must be min or max, got {c.best_mode!r}")
+
+
+_SECTIONS = (
+    ("run", RunConfig),
+    ("trainer", TrainerConfig),
+    ("mesh", MeshConfig),
+    ("logging", LoggingConfig),
+    ("checkpoint", CheckpointConfig),
+)
+
+
+def _check_known_keys(cfg) -> None:
     # `+key=value` on the command line force-adds keys even to structured nodes: check them here.
-    sections = {f.name: f.type for f in dataclasses.fields(Config)}
-    unknown = sorted(set(cfg.keys()) - set(sections))
+    sections = {f.name for f in dataclasses.fields(Config)}
+    unknown = sorted(set(cfg.keys()) - sections)
     if unknown:
         raise ConfigError(f"unknown top-level key(s) {unknown}; known: {sorted(sections)}")
-    for name, cls in (
-        ("run", RunConfig),
-        ("trainer", TrainerConfig),
-        ("mesh", MeshConfig),
-        ("logging", LoggingConfig),
-        ("checkpoint", CheckpointConfig),
-    ):
+    for name, cls in _SECTIONS:
         names = {f.name for f in dataclasses.fields(cls)}
         extra = sorted(set(cfg[name].keys()) - names)
         if extra:
             raise ConfigError(
                 f"{name}: unknown key(s) {extra}; {cls.__name__} accepts {sorted(names)}"
             )
-    missing = sorted(OmegaConf.missing_keys(cfg))
-    if missing:
-        raise ConfigError(
-            f"missing value(s) for {missing}; did you forget +experiment=NAME (configs/experiment/)?"
-        )
-    if cfg.task not in TASKS:
-        raise ConfigError(f"task must be one of {TASKS}, got {cfg.task!r}")
-    _positive(
-        cfg.run.compilation_cache_min_compile_secs,
-        "run.compilation_cache_min_compile_secs",
-        allow_zero=True,
-    )
-    t = cfg.trainer
+
+
+def _check_trainer(t) -> None:
     _positive(t.global_batch_size, "trainer.global_batch_size")
     _positive(t.log_interval, "trainer.log_interval")
     for key in ("total_steps", "max_steps", "epochs", "eval_interval", "eval_iters"):
         _positive(t[key], f"trainer.{key}", allow_zero=True)
     _positive(t.gradient_accumulation_steps, "trainer.gradient_accumulation_steps")
-    m = cfg.mesh
+
+
+def _check_mesh(m) -> None:
     sizes = [m.data, m.fsdp, m.tensor]
     if sum(s == -1 for s in sizes) > 1 or any(s == 0 or s < -1 for s in sizes):
         raise ConfigError(f"mesh: degrees must be >= 1 with at most one -1, got {sizes}")
@@ -216,27 +213,3 @@ def validate(cfg: DictConfig) -> None:
     for i, rule in enumerate(m.rules):
         if len(rule) != 2 or not isinstance(rule[0], str):
             raise ConfigError(f"mesh.rules[{i}] must be [logical_name, mesh_axes], got {rule}")
-    if cfg.logging.wandb not in ("auto", "online", "offline", "disabled"):
-        raise ConfigError(
-            f"logging.wandb must be auto|online|offline|disabled, got {cfg.logging.wandb!r}"
-        )
-    c = cfg.checkpoint
-    _positive(c.interval, "checkpoint.interval", allow_zero=True)
-    _positive(c.keep_last, "checkpoint.keep_last")
-    if c.best_mode not in ("min", "max"):
-        raise ConfigError(f"checkpoint.best_mode must be min or max, got {c.best_mode!r}")
-    if cfg.task == "trm":
-        from train.trm_task import optim_config  # TRMOptimConfig (models/trm/train_step.py)
-
-        try:
-            optim_config(cfg)
-        except ValueError as e:
-            raise ConfigError(str(e)) from e
-        if t.total_steps == 0 and t.epochs == 0:
-            raise ConfigError("trainer: TRM needs trainer.epochs (or trainer.total_steps) > 0")
-    else:
-        o = build_dataclass(GPTOptimConfig, cfg.optim, "optim")
-        if o.decay_lr and o.lr_decay_iters < o.warmup_iters:
-            raise ConfigError("optim.lr_decay_iters must be >= optim.warmup_iters")
-        if t.eval_interval and t.eval_iters == 0:
-            raise ConfigError("trainer.eval_iters must be > 0 when trainer.eval_interval > 0")

@@ -16,22 +16,18 @@ import argparse
 import os
 
 from etils import epath
-from omegaconf import OmegaConf
 
 from train import step as step_lib
 from train.checkpoint import Checkpointer
-from train.config import validate
+from train.compose import load_run_config
 from train.mesh import make_mesh
-from train.trm_task import enable_x64_if_needed
 
 
 def load_run_state(run_dir: str, step: int | None = None):
-    """(cfg, task, state, step) restored from <run_dir>/checkpoints on this process's devices."""
+    """(cfg, task, state, meta) restored from <run_dir>/checkpoints on this process's devices."""
     run_dir = epath.Path(run_dir)  # local or gs://
-    cfg = OmegaConf.create((run_dir / "config.yaml").read_text())
-    OmegaConf.set_struct(cfg, True)
-    validate(cfg)
-    enable_x64_if_needed(cfg)  # as the run did (TRM float64 loss)
+    cfg = load_run_config((run_dir / "config.yaml").read_text())
+    step_lib.enable_x64_if_needed(cfg)  # as the run did (TRM float64 loss)
     mesh = make_mesh(cfg.mesh)
     task = step_lib.make_task(cfg, mesh)
     ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint)
@@ -45,35 +41,12 @@ def load_run_state(run_dir: str, step: int | None = None):
 
 
 def export(run_dir: str, out: str, step: int | None = None) -> str:
-    import torch  # only this command needs torch
+    """Writes the run's checkpoint in the original code base's format (Task.torch_checkpoint)."""
+    import torch  # lazy: only this command needs torch (the trainer never imports it)
 
-    cfg, task, state, meta = load_run_state(run_dir, step)
-    sd = {
-        k: v if torch.is_tensor(v) else torch.from_numpy(v.copy())
-        for k, v in task.export_torch(state).items()
-    }
-    if cfg.task == "gpt":
-        m = task.model_cfg
-        payload = {
-            "model": sd,
-            "optimizer": None,
-            "model_args": dict(
-                n_layer=m.n_layer,
-                n_head=m.n_head,
-                n_embd=m.n_embd,
-                block_size=m.block_size,
-                bias=m.bias,
-                vocab_size=m.vocab_size,
-                dropout=m.dropout,
-            ),
-            "iter_num": int(meta["step"]),
-            "best_val_loss": meta.get("best"),
-            "config": OmegaConf.to_container(cfg, resolve=True),
-        }
-    else:
-        payload = sd
+    _, task, state, meta = load_run_state(run_dir, step)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    torch.save(payload, out)
+    torch.save(task.torch_checkpoint(state, meta), out)
     return out
 
 

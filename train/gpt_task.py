@@ -1,5 +1,5 @@
-"""nanoGPT on the trainer: the model and optimisation math (models.gpt), token windows from
-data.text_source.
+"""nanoGPT on the trainer: its config sections, token windows from data.text_source, the model and
+optimisation math of models.gpt, `estimate_loss` + a sample as evaluation, nanoGPT ckpt.pt in/out.
 
 Semantics of nanoGPT's train.py: AdamW with decay on ndim >= 2, warmup + cosine `get_lr` read from
 the optimizer's update count, global-norm clipping with torch's 1e-6, `gradient_accumulation_steps`
@@ -10,27 +10,54 @@ The loop runs iterations 0..max_iters inclusive (max_iters + 1 updates) as nanoG
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from omegaconf import OmegaConf
 
-from train.config import GPTOptimConfig, build_dataclass
-from train.task import Task
+from data.shakespeare_char import build as build_shakespeare_char
+from data.text_source import eval_dataset, read_meta, train_dataset
+from models.gpt import GPT, GPTConfig, flops_per_token, from_torch_file, generate, to_torch
+from models.gpt.train_step import configure_optimizers, lr_schedule, train_step
+from train.config import ConfigError, build_dataclass
+from train.task import Task, sync_processes
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class GPTOptimConfig:
+    """nanoGPT train.py's optimiser keys (names and defaults of train.py): the `optim` section."""
+
+    learning_rate: float = 6e-4
+    max_iters: int = 600000
+    weight_decay: float = 1e-1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    decay_lr: bool = True
+    warmup_iters: int = 2000
+    lr_decay_iters: int = 600000
+    min_lr: float = 6e-5
 
 
 class GPTTask(Task):
     items_name = "tokens"
 
-    def __init__(self, cfg, mesh, *, need_data: bool = True):
-        from models.gpt import GPTConfig
+    @classmethod
+    def validate_config(cls, cfg) -> None:
+        o = build_dataclass(GPTOptimConfig, cfg.optim, "optim")
+        if o.decay_lr and o.lr_decay_iters < o.warmup_iters:
+            raise ConfigError("optim.lr_decay_iters must be >= optim.warmup_iters")
+        if cfg.trainer.eval_interval and cfg.trainer.eval_iters == 0:
+            raise ConfigError("trainer.eval_iters must be > 0 when trainer.eval_interval > 0")
 
+    def __init__(self, cfg, mesh, *, need_data: bool = True):
         self.cfg, self.mesh = cfg, mesh
         d = dict(cfg.data)
         self.data_dir = d.get("path", "")
@@ -40,22 +67,30 @@ class GPTTask(Task):
             model_kw["vocab_size"] = int(self.meta["vocab_size"])
         self.model_cfg = build_dataclass(GPTConfig, model_kw, "model")
         self.optim = build_dataclass(GPTOptimConfig, cfg.optim, "optim")
+        o = self.optim
+        # nanoGPT's get_lr as an optax schedule of the update count (also logged by `step`)
+        self.lr_fn = lr_schedule(
+            learning_rate=o.learning_rate,
+            warmup_iters=o.warmup_iters,
+            lr_decay_iters=o.lr_decay_iters,
+            min_lr=o.min_lr,
+            decay_lr=o.decay_lr,
+        )
         t = cfg.trainer
         self.accum = int(t.gradient_accumulation_steps)
         self.batch = int(t.global_batch_size)
         self.block = self.model_cfg.block_size
         self.total_steps = int(t.total_steps) or self.optim.max_iters + 1
-        from models.gpt import flops_per_token
-
         self.items_per_step = self.accum * self.batch * self.block
         self.flops_per_step = float(flops_per_token(self.model_cfg)) * self.items_per_step
         self._eval_fn = None
         self._setup()
+        model, optimizer = nnx.merge(self.graphdef, self.abstract_state)  # shapes only
+        model.eval()  # dropout off: a different (static) graphdef over the same state
+        self.eval_graphdef = nnx.graphdef((model, optimizer))
 
     # --- data -------------------------------------------------------------------------------
     def _prepare_data(self, d: dict) -> dict:
-        from data.text_source import read_meta
-
         path = self.data_dir
         if not path:
             raise ValueError(
@@ -67,18 +102,16 @@ class GPTTask(Task):
                 raise FileNotFoundError(
                     f"data.path={path!r} has no train.bin; build it first (python -m data.<name>)"
                 )
-            from data.shakespeare_char import build
-
             if jax.process_index() == 0:
                 log.info("building %s into %s", builder, path)
-                build(path, input_path=d.get("input") or None)
-            _barrier("gpt_data_built")
+                build_shakespeare_char(path, input_path=d.get("input") or None)
+            sync_processes("gpt_data_built")
         try:
             return read_meta(path)
         except FileNotFoundError:
             return {}
 
-    def local_batch_shapes(self):
+    def batch_shapes(self):
         shape = (self.accum, self.batch, self.block)
         return {"x": (shape, np.int32, 1), "y": (shape, np.int32, 1)}
 
@@ -88,8 +121,6 @@ class GPTTask(Task):
         return {k: np.asarray(v).reshape(self.accum, -1, self.block) for k, v in b.items()}
 
     def train_iterator(self):
-        from data.text_source import train_dataset
-
         ds = train_dataset(
             os.path.join(self.data_dir, "train.bin"),
             block_size=self.block,
@@ -99,62 +130,32 @@ class GPTTask(Task):
         return _Mapped(iter(ds), self._reshape_local)
 
     # --- model + step -----------------------------------------------------------------------
-    def _optimizer_tx(self):
-        from models.gpt import configure_optimizers
-        from models.gpt.train_step import lr_schedule
-
-        o = self.optim
-        self.lr_fn = lr_schedule(
-            learning_rate=o.learning_rate,
-            warmup_iters=o.warmup_iters,
-            lr_decay_iters=o.lr_decay_iters,
-            min_lr=o.min_lr,
-            decay_lr=o.decay_lr,
-        )
-        return configure_optimizers(
-            weight_decay=o.weight_decay, learning_rate=self.lr_fn, betas=(o.beta1, o.beta2)
-        )
-
-    def build_objects(self, key):
-        from models.gpt import GPT
-
+    def init(self, key):
         k_params, k_dropout = jax.random.split(key)
         model = GPT(self.model_cfg, rngs=nnx.Rngs(params=k_params, dropout=k_dropout))
-        optimizer = nnx.Optimizer(model, self._optimizer_tx(), wrt=nnx.Param)
-        return model, optimizer
-
-    def init_state(self, key):
-        model, optimizer = self.build_objects(key)
-        model.eval()  # dropout off: a different (static) graphdef, same state
-        self.eval_graphdef = nnx.split((model, optimizer))[0]
         model.train()
-        self.graphdef, state = nnx.split((model, optimizer))
-        return state
-
-    def train_step(self, state, batch):
-        from models.gpt import train_step
-
-        model, optimizer = nnx.merge(self.graphdef, state)
-        it = optimizer.step[...]  # nanoGPT's iter_num: updates done before this one
-        metrics = train_step(
-            model, optimizer, batch["x"], batch["y"], grad_clip=self.optim.grad_clip
+        tx = configure_optimizers(
+            weight_decay=self.optim.weight_decay,
+            learning_rate=self.lr_fn,
+            betas=(self.optim.beta1, self.optim.beta2),
         )
-        metrics["lr"] = jnp.asarray(self.lr_fn(it), jnp.float32)
-        return nnx.state((model, optimizer)), metrics
+        return nnx.split((model, nnx.Optimizer(model, tx, wrt=nnx.Param)))
+
+    def step(self, graphdef, state, batch):
+        return train_step(graphdef, state, batch, grad_clip=self.optim.grad_clip, lr=self.lr_fn)
 
     # --- eval -------------------------------------------------------------------------------
-    def _eval_loss(self, state, x, y):
+    def _eval_loss(self, state, batch):
         model, _ = nnx.merge(self.eval_graphdef, state)
-        return model(x, y)[1]
+        return model(batch["x"], batch["y"])[1]
 
     def evaluate(self, state, step: int) -> dict:
         """nanoGPT's estimate_loss (eval_iters batches per split, dropout off) + a sample."""
-        from data.text_source import eval_dataset
-
         t = self.cfg.trainer
+        shapes = {k: ((self.batch, self.block), np.int32, 0) for k in ("x", "y")}
         if self._eval_fn is None:
-            xs = self.batch_sharding(2)
-            self._eval_fn = jax.jit(self._eval_loss, in_shardings=(self.state_shardings, xs, xs))
+            batch_sh = {k: v.sharding for k, v in self.abstract_batch(shapes).items()}
+            self._eval_fn = jax.jit(self._eval_loss, in_shardings=(self.state_shardings, batch_sh))
         out = {}
         for split in ("train", "val"):
             ds = eval_dataset(
@@ -164,15 +165,7 @@ class GPTTask(Task):
                 num_batches=int(t.eval_iters),
                 seed=self.cfg.run.seed,
             )
-            losses = []
-            for b in ds:
-                g = {
-                    k: jax.make_array_from_process_local_data(
-                        self.batch_sharding(2), np.asarray(v, np.int32), (self.batch, self.block)
-                    )
-                    for k, v in b.items()
-                }
-                losses.append(self._eval_fn(state, g["x"], g["y"]))
+            losses = [self._eval_fn(state, self.to_global(b, shapes)) for b in ds]
             # nanoGPT logs these as train/loss and val/loss; here train/* is the per-step stream
             out[f"eval/{split}_loss"] = float(np.mean(jax.device_get(losses)))
         n = int(self.cfg.data.get("sample_tokens", 0) or 0)
@@ -182,8 +175,6 @@ class GPTTask(Task):
 
     def sample(self, state, max_new_tokens: int, temperature: float = 0.8, top_k: int = 200):
         """nanoGPT's sample.py defaults; starts from a newline, decodes with the dataset's itos."""
-        from models.gpt import generate
-
         model, _ = nnx.merge(self.eval_graphdef, state)
         itos = self.meta["itos"]
         decode = (
@@ -204,20 +195,34 @@ class GPTTask(Task):
         return decode(np.asarray(jax.device_get(out))[0].tolist())
 
     # --- import / export --------------------------------------------------------------------
-    def import_weights(self, state, init_from: str):
+    def import_weights(self, state, path: str):
         """A nanoGPT ckpt.pt, a raw state_dict, or an HF GPT-2 weights file (config must match)."""
-        from models.gpt import from_torch_file
-
         model, optimizer = nnx.merge(self.graphdef, jax.device_get(state))
-        src = from_torch_file(init_from, self.model_cfg)
+        src = from_torch_file(path, self.model_cfg)
         nnx.update(model, nnx.state(src, nnx.Param))
         return jax.device_put(nnx.state((model, optimizer)), self.state_shardings)
 
-    def export_torch(self, state) -> dict:
-        from models.gpt import to_torch
-
+    def torch_checkpoint(self, state, meta: dict) -> dict:
+        """nanoGPT's ckpt.pt dict, readable by its sample.py / train.py init_from='resume'
+        (optimizer state is not converted: `optimizer` is None)."""
         model, _ = nnx.merge(self.graphdef, jax.device_get(state))
-        return to_torch(model)
+        m = self.model_cfg
+        return {
+            "model": to_torch(model),
+            "optimizer": None,
+            "model_args": dict(
+                n_layer=m.n_layer,
+                n_head=m.n_head,
+                n_embd=m.n_embd,
+                block_size=m.block_size,
+                bias=m.bias,
+                vocab_size=m.vocab_size,
+                dropout=m.dropout,
+            ),
+            "iter_num": int(meta["step"]),
+            "best_val_loss": meta.get("best"),
+            "config": OmegaConf.to_container(self.cfg, resolve=True),
+        }
 
 
 class _Mapped:
@@ -242,10 +247,3 @@ class _Mapped:
 
     def start_prefetch(self):  # called by Grain's restore
         getattr(self.it, "start_prefetch", lambda: None)()
-
-
-def _barrier(name: str):
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(name)

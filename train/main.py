@@ -10,17 +10,16 @@ from __future__ import annotations
 import logging
 import sys
 
+from train.compilation_cache import log_compilation_cache_stats, setup_compilation_cache
+from train.compose import load_config
+from train.config import ConfigError
 from train.distributed import initialize
+from train.mesh import make_mesh
+from train.trainer import train
 
 
 def main(argv: list[str] | None = None) -> dict:
-    initialize()  # before anything touches devices
-    from train.compilation_cache import log_compilation_cache_stats, setup_compilation_cache
-    from train.compose import load_config
-    from train.config import ConfigError
-    from train.mesh import make_mesh
-    from train.trainer import train
-
+    initialize()  # before anything touches devices (importing the trainer does not)
     try:
         cfg = load_config(sys.argv[1:] if argv is None else argv)
         # Process-wide, so here and not in train(): before the first compile, once per process.
@@ -36,6 +35,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    # force: importing grain (above) already gave the root logger a handler, which would make
+    # basicConfig a no-op and leave it at WARNING
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", force=True)
     logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every file it writes
     main()

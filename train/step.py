@@ -1,37 +1,54 @@
-"""The jitted train step: split the NNX graph once, jax.jit with explicit shardings + donation.
+"""The model families by name, and the jitted train step: jax.jit with explicit shardings + donation.
 
+    task = make_task(cfg, mesh)                 # train/gpt_task.py or train/trm_task.py
+    step_fn = jit_train_step(task)              # state, metrics = step_fn(state, batch)
     jitted, (abstract_state, abstract_batch) = build_train_step(cfg, mesh)
     compiled = jitted.lower(abstract_state, abstract_batch).compile()   # AOT (train/aot.py)
 
-A *task* (train/gpt_task.py, train/trm_task.py) owns the model-specific parts: it builds the model
-and optimizer inside `init_state(key)` (so `jax.eval_shape` gives the abstract state without
-allocating, and `jax.jit(init_state, out_shardings=...)` creates every array directly in its
-shard), and `train_step(state, batch) -> (state, metrics)` is a PURE function of pytrees:
-`nnx.merge(graphdef, state)` at the top, the model's own step function, `nnx.state(...)` at the
-end. Nothing is mutated across the jit boundary, so nothing is lost (jax.jit does not propagate
-NNX in-place mutation; docs/training.md, trap 2). The state argument is donated: XLA reuses its
-buffers for the new state, so params + optimizer state exist once in device memory.
+The family's `step(graphdef, state, batch) -> (state, metrics)` is a PURE function of pytrees:
+`nnx.merge(graphdef, state)` at the top, the model's own step, `nnx.split` / `nnx.state` at the end
+(MaxText's shape). Nothing is mutated across the jit boundary, so nothing is lost (jax.jit does not
+propagate NNX in-place mutation; docs/training.md, trap 2). The state argument is donated: XLA
+reuses its buffers for the new state, so params + optimizer state exist once in device memory.
 """
 
 from __future__ import annotations
 
 import jax
-from jax.sharding import NamedSharding
 
 from train import mesh as mesh_lib
+from train.config import ConfigError
+from train.gpt_task import GPTTask
+from train.task import Task
+from train.trm_task import TRMTask
+
+TASKS: dict[str, type[Task]] = {"gpt": GPTTask, "trm": TRMTask}
 
 
-def make_task(cfg, mesh, *, need_data: bool = True):
+def task_class(name: str) -> type[Task]:
+    """The Task subclass of `cfg.task`."""
+    if name not in TASKS:
+        raise ConfigError(f"task must be one of {sorted(TASKS)}, got {name!r}")
+    return TASKS[name]
+
+
+def needs_x64(cfg) -> bool:
+    """Whether the run `cfg` needs jax x64 (the family decides: Task.needs_x64)."""
+    return task_class(cfg.task).needs_x64(cfg)
+
+
+def enable_x64_if_needed(cfg) -> bool:
+    """Turns jax x64 on when `needs_x64(cfg)`. Process-wide, so call it before building the task
+    (train.trainer.train, train.aot and train.export do). Returns whether it did."""
+    if needs_x64(cfg):
+        jax.config.update("jax_enable_x64", True)
+        return True
+    return False
+
+
+def make_task(cfg, mesh, *, need_data: bool = True) -> Task:
     """The task object for `cfg.task` (data metadata is read from disk unless need_data=False)."""
-    if cfg.task == "gpt":
-        from train.gpt_task import GPTTask
-
-        return GPTTask(cfg, mesh, need_data=need_data)
-    if cfg.task == "trm":
-        from train.trm_task import TRMTask
-
-        return TRMTask(cfg, mesh, need_data=need_data)
-    raise ValueError(f"unknown task {cfg.task!r}")
+    return task_class(cfg.task)(cfg, mesh, need_data=need_data)
 
 
 def with_shardings(abstract_tree, shardings):
@@ -41,20 +58,25 @@ def with_shardings(abstract_tree, shardings):
     )
 
 
-def jit_train_step(task):
-    """jax.jit(task.train_step) with in/out shardings of state and batch, state donated."""
+def jit_train_step(task: Task):
+    """`train_step(state, batch) -> (state, metrics)`: the task's pure step with its graphdef
+    bound, jitted with the in/out shardings of state and batch, the state donated."""
+    graphdef = task.graphdef
+
+    def train_step(state, batch):  # jit names the program (and its compilation-cache file) after it
+        return task.step(graphdef, state, batch)
+
     state_sh = task.state_shardings
     batch_sh = jax.tree.map(lambda a: a.sharding, task.abstract_batch())
-    replicated = mesh_lib.replicated(task.mesh)
     return jax.jit(
-        task.train_step,
+        train_step,
         in_shardings=(state_sh, batch_sh),
-        out_shardings=(state_sh, replicated),
+        out_shardings=(state_sh, mesh_lib.replicated(task.mesh)),
         donate_argnums=0,
     )
 
 
-def build_train_step(cfg, mesh, *, task=None, need_data: bool = False):
+def build_train_step(cfg, mesh, *, task: Task | None = None, need_data: bool = False):
     """-> (jitted_step, (abstract_state, abstract_batch)) for `cfg` on `mesh`, WITHOUT running it.
 
     The abstract arguments are ShapeDtypeStructs with NamedShardings on `mesh`, so
@@ -66,15 +88,3 @@ def build_train_step(cfg, mesh, *, task=None, need_data: bool = False):
     task = task or make_task(cfg, mesh, need_data=need_data)
     abstract_state = with_shardings(task.abstract_state, task.state_shardings)
     return jit_train_step(task), (abstract_state, task.abstract_batch())
-
-
-def is_sharded_like(tree, shardings) -> bool:
-    """True when every leaf's sharding is equivalent to the expected NamedSharding (tests)."""
-    ok = jax.tree.map(
-        lambda x, s: (
-            x.sharding.is_equivalent_to(s, x.ndim) if isinstance(s, NamedSharding) else True
-        ),
-        tree,
-        shardings,
-    )
-    return all(jax.tree.leaves(ok))

@@ -1,19 +1,32 @@
-"""What the trainer needs from a model family, and the parts every family shares.
+"""The seam between the generic trainer and a model family: every hook the trainer calls.
 
-A task builds its model + optimizer inside `init_state(key)` and exposes a pure
-`train_step(state, batch) -> (state, metrics)`. `Task.__init__` (subclasses call `_setup()` at the
-end of theirs) traces `init_state` once with `jax.eval_shape` to get the abstract state and the
-NNX graphdef, derives the shardings, and from then on the state is a plain pytree of jax.Arrays:
-jit-able, donatable, checkpointable.
+A family (train/gpt_task.py, train/trm_task.py) implements the hooks below in ONE file: its config
+schema and validation, its data, its pure step, its evaluation, and weight import / export. The
+trainer (train/trainer.py, train/step.py, train/export.py, train/aot.py) calls nothing else:
+
+    cls = task_class(cfg.task)                 # train/step.py, by name
+    cls.validate_config(cfg)                   # at compose time (train/compose.py)
+    cls.needs_x64(cfg)                         # before anything is traced (process-wide switch)
+    task = cls(cfg, mesh)                      # graphdef, abstract_state, state_shardings
+    state = task.create_state()                # or restored onto task.state_shardings
+    state, metrics = task.step(task.graphdef, state, task.to_global(next(data)))   # jitted
+
+`init(key) -> (graphdef, state)` builds the model and optimizer and splits them (nnx.split); the
+graphdef is static (a pytree without leaves), so `jax.eval_shape(task.init, key)` gives both the
+graphdef and the abstract state without allocating, and `jax.jit(task.init, out_shardings=...)`
+creates every array directly in its shard. From then on the state is a plain pytree of
+jax.Arrays (jit-able, donatable, checkpointable) and `step` is a pure function of it.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from train import mesh as mesh_lib
@@ -59,69 +72,123 @@ def peak_flops(device=None) -> float:
     return _cpu_peak
 
 
+def sync_processes(name: str) -> None:
+    """A barrier over all processes (nothing with one): e.g. after process 0 built a data set."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
+
+
+# A batch spec: key -> (global shape, numpy dtype, batch axis). The batch axis is sharded over the
+# mesh axes of the `batch` logical rule; every other axis is replicated.
+BatchShapes = dict[str, tuple[tuple[int, ...], Any, int]]
+
+
 class Task:
-    """Base class. Subclasses set `self.cfg`, `self.mesh` and implement the abstract methods."""
+    """Base class of a model family. A subclass sets `cfg`, `mesh` and the attributes below in its
+    `__init__`, implements the hooks, and calls `self._setup()` last."""
 
-    cfg = None
-    mesh = None
-    graphdef = None  # NNX graphdef of the training objects (set while tracing init_state)
-    items_name = "examples"  # or "tokens": what `items_per_step` counts
+    cfg: Any = None
+    mesh: Any = None
+    model_cfg: Any = None  # the model's own config dataclass (GPTConfig / TRMConfig)
+    items_name: str = "examples"  # or "tokens": what `items_per_step` counts
+    total_steps: int = 0  # optimiser steps of the schedule
+    items_per_step: int = 0  # examples or tokens one step consumes (throughput)
+    flops_per_step: float = 0.0  # model FLOPs of one step (MFU)
+    # Set by _setup from `init`: the static NNX graphdef, the state's ShapeDtypeStructs and the
+    # NamedShardings of every state leaf.
+    graphdef: Any = None
+    abstract_state: Any = None
+    state_shardings: Any = None
 
-    # --- to implement ---------------------------------------------------------------------
-    def init_state(self, key):  # -> state pytree (built from scratch; traced under jit)
+    # --- from the config alone, before a task exists --------------------------------------------
+    @classmethod
+    def validate_config(cls, cfg) -> None:
+        """Checks the family's sections (model / data / optim, and the trainer keys it reads);
+        raises train.config.ConfigError naming the key. Called at compose time, before compute."""
         raise NotImplementedError
 
-    def train_step(self, state, batch):  # -> (state, metrics dict of scalars)
+    @classmethod
+    def needs_x64(cls, cfg) -> bool:
+        """Whether this run computes in float64 somewhere, so jax x64 must be on before the first
+        trace (train.step.enable_x64_if_needed switches it, process-wide)."""
+        return False
+
+    # --- the model and its step ---------------------------------------------------------------
+    def init(self, key) -> tuple[Any, Any]:
+        """-> (graphdef, state): model + optimizer built from `key` and split (traced under jit)."""
         raise NotImplementedError
 
-    def local_batch_shapes(self) -> dict:  # key -> (global shape, dtype, batch axis)
+    def step(self, graphdef, state, batch) -> tuple[Any, dict]:
+        """One optimiser step, pure: -> (state, metrics: dict of float32 scalars on device)."""
         raise NotImplementedError
 
-    def train_iterator(self):  # -> iterator of process-local numpy batches (get/set_state)
+    def state_shardings_for(self, abstract_state):
+        """Shardings of the state. Default: every leaf by the param rule (replicate / fsdp)."""
+        return mesh_lib.tree_shardings(abstract_state, self.mesh, self.cfg.mesh.param_sharding)
+
+    # --- data ---------------------------------------------------------------------------------
+    def batch_shapes(self) -> BatchShapes:
+        """The train batch: key -> (global shape, dtype, batch axis)."""
         raise NotImplementedError
 
-    def evaluate(self, state, step: int) -> dict:  # -> host metrics
-        return {}
+    def train_iterator(self):
+        """-> iterator of this process's rows of each global batch (numpy), with Grain's
+        get_state / set_state (checkpointed with the state)."""
+        raise NotImplementedError
 
-    total_steps: int = 0
-    flops_per_step: float = 0.0
-    items_per_step: int = 0
+    # --- evaluation ---------------------------------------------------------------------------
+    def eval_due(self, step: int, data_iter) -> bool:
+        """Whether to evaluate (and checkpoint) after `step`. Default: every trainer.eval_interval
+        steps (0: only at the end, which the trainer always does)."""
+        every = self.cfg.trainer.eval_interval
+        return bool(every) and step % every == 0
 
-    # --- shared -----------------------------------------------------------------------------
+    def evaluate(self, state, step: int) -> dict:
+        """-> host metrics (`eval/...` floats, or strings such as a GPT sample)."""
+        raise NotImplementedError
+
+    # --- weights in the original code base's format -------------------------------------------
+    def import_weights(self, state, path: str):
+        """`state` with the model weights of a checkpoint of the original code base (init_from)."""
+        raise NotImplementedError
+
+    def torch_checkpoint(self, state, meta: dict):
+        """What `torch.save` writes for `python -m train.export` (the original's format)."""
+        raise NotImplementedError
+
+    # --- shared ---------------------------------------------------------------------------------
     def _setup(self):
+        """graphdef, abstract state and state shardings, by tracing `init` (nothing allocated)."""
         key = jax.random.key(self.cfg.run.seed)
-        self.abstract_state = jax.eval_shape(self.init_state, key)
-        mode = self.cfg.mesh.param_sharding
-        self.state_shardings = self.shardings_for(self.abstract_state, mode)
-
-    def shardings_for(self, abstract_state, mode):
-        """Default: every leaf by the param rule (replicate / fsdp). TRM overrides for its carry."""
-        return mesh_lib.tree_shardings(abstract_state, self.mesh, mode)
+        self.graphdef, self.abstract_state = jax.eval_shape(self.init, key)
+        self.state_shardings = self.state_shardings_for(self.abstract_state)
 
     def create_state(self):
         """The initial state, every array created directly in its shard (jit + out_shardings)."""
         key = jax.random.key(self.cfg.run.seed)
         with jax.set_mesh(self.mesh):
-            return jax.jit(self.init_state, out_shardings=self.state_shardings)(key)
+            _, state = jax.jit(self.init, out_shardings=(None, self.state_shardings))(key)
+        return state
 
     def batch_sharding(self, ndim: int, batch_axis: int = 0) -> NamedSharding:
         spec = [None] * ndim
         spec[batch_axis] = mesh_lib.logical_to_mesh(self.cfg.mesh.rules, "batch")
         return NamedSharding(self.mesh, PartitionSpec(*spec))
 
-    def abstract_batch(self) -> dict:
+    def abstract_batch(self, shapes: BatchShapes | None = None) -> dict:
+        """ShapeDtypeStructs with their shardings (jit arguments, AOT); default the train batch."""
         return {
             k: jax.ShapeDtypeStruct(shape, dtype, sharding=self.batch_sharding(len(shape), axis))
-            for k, (shape, dtype, axis) in self.local_batch_shapes().items()
+            for k, (shape, dtype, axis) in (shapes or self.batch_shapes()).items()
         }
 
-    def to_global(self, local_batch: dict) -> dict:
-        """Process-local numpy rows -> global sharded arrays (make_array_from_process_local_data)."""
-        shapes = self.local_batch_shapes()
-        out = {}
-        for k, (shape, dtype, axis) in shapes.items():
-            v = np.asarray(local_batch[k], dtype=dtype)
-            out[k] = jax.make_array_from_process_local_data(
-                self.batch_sharding(len(shape), axis), v, shape
+    def to_global(self, local: dict, shapes: BatchShapes | None = None) -> dict:
+        """This process's numpy rows -> global arrays sharded over the batch axes (no process
+        ever holds the whole batch). `shapes` defaults to the train batch; evaluation passes its
+        own: every batch of both families, train and eval, is placed here."""
+        return {
+            k: jax.make_array_from_process_local_data(
+                self.batch_sharding(len(shape), axis), np.asarray(local[k], dtype), shape
             )
-        return out
+            for k, (shape, dtype, axis) in (shapes or self.batch_shapes()).items()
+        }

@@ -1,10 +1,11 @@
-"""The training loop, shared by both models: read top to bottom.
+"""The training loop, shared by both model families: read top to bottom.
 
     state = init or restore  ->  for step: batch -> jitted step (donated state) -> log one step
     late -> eval / checkpoint when due  ->  final eval + checkpoint
 
-Nothing in the loop waits on the device except evaluation and checkpointing (both by design);
-metrics of step N are converted to floats after step N+1 is dispatched (train/metrics.py).
+The loop reaches a model family only through the hooks of train/task.py. Nothing in the loop
+waits on the device except evaluation and checkpointing (both by design); metrics of step N are
+converted to floats after step N+1 is dispatched (train/metrics.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from train.checkpoint import Checkpointer
 from train.config import ConfigError
 from train.metrics import MetricLogger
 from train.task import peak_flops
-from train.trm_task import enable_x64_if_needed
 
 log = logging.getLogger(__name__)
 
@@ -37,132 +37,185 @@ def run_dir_of(cfg) -> epath.Path:
 
 def train(cfg, mesh) -> dict:
     """Runs (or resumes) the experiment `cfg` on `mesh`; returns the last logged metrics."""
-    started = time.perf_counter()
+    clock = StepClock()
     run_dir = run_dir_of(cfg)
-    enable_x64_if_needed(cfg)  # TRM: upstream's stablemax loss runs in float64
+    step_lib.enable_x64_if_needed(cfg)  # before anything is traced (TRM: float64 stablemax loss)
     task = step_lib.make_task(cfg, mesh)
-    config_dict = OmegaConf.to_container(cfg, resolve=True)
-    if jax.process_index() == 0:  # only process 0 writes files outside Orbax
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-
+    _write_config(cfg, run_dir)
     ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint)
     data_iter = task.train_iterator()
-    step, meta = 0, {}
-    latest = ckpt.latest_step() if cfg.run.resume else None
-    if latest is not None:
-        check_resumable(cfg, ckpt.read_meta(latest), f"{run_dir} step {latest}")
-        abstract = step_lib.with_shardings(task.abstract_state, task.state_shardings)
-        state, meta = ckpt.restore(latest, abstract, data_iter)
-        step = int(meta["step"])
-        log.info("resumed %s from step %d", run_dir, step)
-    else:
-        state = task.create_state()
-        if cfg.trainer.init_from not in ("", "scratch"):
-            state = task.import_weights(state, cfg.trainer.init_from)
+    state, step, best = _init_or_restore(cfg, task, ckpt, data_iter, run_dir)
     step_fn = step_lib.jit_train_step(task)
-
-    t = cfg.trainer
-    total = task.total_steps
-    stop = min(total, t.max_steps) if t.max_steps else total
-    eval_every = getattr(task, "eval_interval_steps", 0) or t.eval_interval
-    ckpt_every = cfg.checkpoint.interval
+    stop = min(task.total_steps, cfg.trainer.max_steps or task.total_steps)
+    config_dict = OmegaConf.to_container(cfg, resolve=True)
     logger = MetricLogger(run_dir, cfg, cfg.run.name, config_dict, stop)
-    n_dev = mesh.devices.size
-    peak = peak_flops() * n_dev
-    best = meta.get("best")
-    last = {}
+    run = _Run(cfg, task, ckpt, logger, data_iter, step, best)
+    peak = peak_flops() * mesh.devices.size
 
-    def do_eval(at_step):
-        nonlocal best, last
-        metrics = task.evaluate(state, at_step)
-        if metrics:
-            logger.write_now(at_step, metrics)
-            key = cfg.checkpoint.best_metric
-            if key in metrics:
-                better = best is None or (
-                    metrics[key] < best
-                    if cfg.checkpoint.best_mode == "min"
-                    else metrics[key] > best
-                )
-                best = metrics[key] if better else best
-            last = {**last, **metrics}
-        return metrics
-
-    def do_save(at_step, metrics=None):
-        if not cfg.checkpoint.enabled:
-            return
-        numeric = {k: v for k, v in (metrics or {}).items() if isinstance(v, float | int)}
-        ckpt.save(
-            at_step,
-            state,
-            data_iter,
-            meta={"step": at_step, "best": best, "resume": resume_settings(cfg)},
-            metrics=numeric or None,
-            force=True,
-        )
-        logger.sync()  # metrics up to a checkpoint survive with it (gs://: one rewrite)
-
-    if t.eval_at_start and step == 0:
-        do_eval(0)
-    # Step time is averaged over each logging window: with async dispatch the host runs ahead of
-    # the device, and only the device_get of the previous window's metrics paces it.
-    saved_at = step
-    window, compiled, previous = (time.perf_counter(), step), False, None
     with jax.set_mesh(mesh):
+        if cfg.trainer.eval_at_start and step == 0:
+            run.evaluate(state, 0)
+        clock.start(step)
         while step < stop:
-            try:
-                local = next(data_iter)
-            except StopIteration:  # TRM: upstream's epochs / eval_interval iterations are done
+            local = next(data_iter, None)
+            if local is None:  # TRM: upstream's epochs / eval_interval iterations are done
                 break
-            batch = task.to_global(local)
-            state, metrics = step_fn(state, batch)  # async dispatch: returns before it finishes
+            state, metrics = step_fn(state, task.to_global(local))  # async: returns at once
             step += 1
-            # One step late: wait for step N-1 while step N is queued, so the device never idles
-            # and the host never runs more than one step ahead (bounded memory, honest timings).
-            if previous is not None:
-                jax.block_until_ready(previous)
-            done = (time.perf_counter(), step - 1)  # step N-1 has now finished
-            previous = metrics
-            if window[1] == step - 1 and not compiled:
-                jax.block_until_ready(metrics)  # once: keep compile time out of step time
-                window, compiled = (time.perf_counter(), step), True
-                # What the compilation cache shortens (docs/training.md, "Compilation cache").
-                log.info(
-                    "first step done %.1f s after the trainer started (init + compile + 1 step)",
-                    window[0] - started,
-                )
-            if step % t.log_interval == 0 or step == stop:
-                host = {}
-                if done[1] > window[1]:  # average over the steps finished since the last log
-                    dt = (done[0] - window[0]) / (done[1] - window[1])
-                    window = done
-                    host = {
-                        "step_time_ms": 1e3 * dt,
-                        f"{task.items_name}_per_s": task.items_per_step / dt,
-                        "mfu": task.flops_per_step / dt / peak,
-                    }
-                logger.push(step, {f"train/{k}": v for k, v in metrics.items()}, host)
-            if hasattr(task, "eval_due"):  # TRM: at the end of each upstream iteration
-                eval_due = task.eval_due(data_iter)
-            else:
-                eval_due = bool(eval_every) and step % eval_every == 0
-            evaled = do_eval(step) if eval_due or step == stop else None
-            if (ckpt_every and step % ckpt_every == 0) or eval_due or step == stop:
-                do_save(step, evaled)
-                saved_at = step
+            clock.dispatched(step, metrics)
+            if _log_due(cfg, step, stop):
+                device = {f"train/{k}": v for k, v in metrics.items()}
+                logger.push(step, device, _throughput(task, clock.lap(), peak))
+            evaluate, save = _due(cfg, task, step, stop, data_iter)
+            if save:
+                run.save(state, step, run.evaluate(state, step) if evaluate else None)
             if step == _SIGKILL_AT:
                 _sigkill_self(ckpt, logger)
-            if evaled is not None or (ckpt_every and step % ckpt_every == 0):
-                window = (time.perf_counter(), step)  # eval/checkpoint time is not step time
-        if saved_at != step:  # the data ran out before `stop` (TRM drops partial batches)
-            do_save(step, do_eval(step))
+            if save:
+                clock.start(step)  # eval and checkpoint time is not step time
+        if run.saved_at != step:  # the data ran out before `stop` (TRM drops partial batches)
+            run.save(state, step, run.evaluate(state, step))
         logger.flush()
     ckpt.close()
     logger.close()
     if jax.process_index() == 0:
-        (run_dir / "final.json").write_text(json.dumps({"step": step, **_jsonable(last)}))
-    return {"step": step, **last}
+        (run_dir / "final.json").write_text(json.dumps({"step": step, **_jsonable(run.last)}))
+    return {"step": step, **run.last}
+
+
+def _write_config(cfg, run_dir) -> None:
+    if jax.process_index() == 0:  # only process 0 writes files outside Orbax
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+
+
+def _init_or_restore(cfg, task, ckpt, data_iter, run_dir):
+    """-> (state, step, best metric so far): the latest checkpoint of the run directory (the data
+    iterator restored in place), else a new state (+ trainer.init_from weights)."""
+    latest = ckpt.latest_step() if cfg.run.resume else None
+    if latest is None:
+        state = task.create_state()
+        if cfg.trainer.init_from not in ("", "scratch"):
+            state = task.import_weights(state, cfg.trainer.init_from)
+        return state, 0, None
+    check_resumable(cfg, ckpt.read_meta(latest), f"{run_dir} step {latest}")
+    abstract = step_lib.with_shardings(task.abstract_state, task.state_shardings)
+    state, meta = ckpt.restore(latest, abstract, data_iter)
+    log.info("resumed %s from step %d", run_dir, int(meta["step"]))
+    return state, int(meta["step"]), meta.get("best")
+
+
+def _log_due(cfg, step: int, stop: int) -> bool:
+    return step % cfg.trainer.log_interval == 0 or step == stop
+
+
+def _due(cfg, task, step: int, stop: int, data_iter) -> tuple[bool, bool]:
+    """(evaluate, save) after `step`: evaluate when the task says so (Task.eval_due) and at the
+    end; save then too, and every checkpoint.interval steps."""
+    evaluate = step == stop or task.eval_due(step, data_iter)
+    every = cfg.checkpoint.interval
+    return evaluate, evaluate or (bool(every) and step % every == 0)
+
+
+def _throughput(task, seconds_per_step: float | None, peak: float) -> dict:
+    """Host metrics of a logging window (none when no step finished since the last one)."""
+    if seconds_per_step is None:
+        return {}
+    return {
+        "step_time_ms": 1e3 * seconds_per_step,
+        f"{task.items_name}_per_s": task.items_per_step / seconds_per_step,
+        "mfu": task.flops_per_step / seconds_per_step / peak,
+    }
+
+
+class StepClock:
+    """Seconds per step, averaged over each logging window and measured one step late.
+
+    With async dispatch the host runs ahead of the device. Waiting for step N-1 while step N is
+    queued keeps the device busy and the host at most one step ahead (bounded memory, honest
+    timings). The first step is waited for once, so compile time stays out of step time.
+    """
+
+    def __init__(self):
+        self.started = time.perf_counter()  # the trainer's start: the first-step log line
+        self.window = (self.started, 0)  # (time, step) the current window starts at
+        self.done = self.window  # (time, step) of the last step known to have finished
+        self.compiled = False
+        self.previous = None  # metrics of the last dispatched step
+
+    def start(self, step: int) -> None:
+        """A new window from now (after init, and after each eval / checkpoint)."""
+        self.window = (time.perf_counter(), step)
+
+    def dispatched(self, step: int, metrics) -> None:
+        """Step `step` is queued: wait for step - 1 (one step late)."""
+        if self.previous is not None:
+            jax.block_until_ready(self.previous)
+        self.done = (time.perf_counter(), step - 1)
+        self.previous = metrics
+        if not self.compiled and self.window[1] == step - 1:
+            jax.block_until_ready(metrics)  # once: keep compile time out of step time
+            self.compiled = True
+            self.start(step)
+            # What the compilation cache shortens (docs/training.md, "Compilation cache").
+            log.info(
+                "first step done %.1f s after the trainer started (init + compile + 1 step)",
+                self.window[0] - self.started,
+            )
+
+    def lap(self) -> float | None:
+        """Seconds per step over the steps finished since the window started (None if none
+        did); the next window starts where this one ended."""
+        (t0, s0), (t1, s1) = self.window, self.done
+        if s1 <= s0:
+            return None
+        self.window = self.done
+        return (t1 - t0) / (s1 - s0)
+
+
+class _Run:
+    """What the loop's evaluations and checkpoints share: the task, the checkpointer, the logger,
+    the data iterator (saved with the state) and the results so far."""
+
+    def __init__(self, cfg, task, ckpt, logger, data_iter, step: int, best):
+        self.cfg, self.task, self.data_iter = cfg, task, data_iter
+        self.ckpt, self.logger = ckpt, logger
+        self.best = best  # best value of checkpoint.best_metric so far (kept in checkpoints)
+        self.last = {}  # the last value of every eval metric (returned, final.json)
+        self.saved_at = step  # the last step saved (or restored)
+
+    def evaluate(self, state, step: int) -> dict:
+        metrics = self.task.evaluate(state, step)
+        if metrics:
+            self.logger.write_now(step, metrics)
+            self.best = _best(self.cfg.checkpoint, self.best, metrics)
+            self.last = {**self.last, **metrics}
+        return metrics
+
+    def save(self, state, step: int, metrics: dict | None = None) -> None:
+        self.saved_at = step
+        if not self.cfg.checkpoint.enabled:
+            return
+        numeric = {k: v for k, v in (metrics or {}).items() if isinstance(v, float | int)}
+        self.ckpt.save(
+            step,
+            state,
+            self.data_iter,
+            meta={"step": step, "best": self.best, "resume": resume_settings(self.cfg)},
+            metrics=numeric or None,
+            force=True,
+        )
+        self.logger.sync()  # metrics up to a checkpoint survive with it (gs://: one rewrite)
+
+
+def _best(ckpt_cfg, best, metrics: dict):
+    """The best value of checkpoint.best_metric after `metrics` (best_mode: min or max)."""
+    key = ckpt_cfg.best_metric
+    if key not in metrics:
+        return best
+    if best is None:
+        return metrics[key]
+    return min(best, metrics[key]) if ckpt_cfg.best_mode == "min" else max(best, metrics[key])
 
 
 # Settings a checkpoint only makes sense with: the saved state has the batch in it (TRM's ACT carry

@@ -1,4 +1,4 @@
-"""nanoGPT's optimisation math as pure JAX/optax functions, and one `train_step`.
+"""nanoGPT's optimisation math as pure JAX/optax functions, and one pure `train_step`.
 
 What nanoGPT's train.py does per iteration, and where it is here:
 - lr = get_lr(iter_num) set on every param group   -> `get_lr`, used as an optax schedule of the
@@ -7,7 +7,8 @@ What nanoGPT's train.py does per iteration, and where it is here:
 - gradient_accumulation_steps micro-steps of backward(loss / accum) -> `loss_and_grads`;
 - clip_grad_norm_(max_norm): coef = min(1, max_norm / (norm + 1e-6)) -> `clip_by_global_norm`
   (optax.clip_by_global_norm has no 1e-6);
-- optimizer.step()                                   -> `train_step` (nnx.Optimizer.update);
+- optimizer.step()                                   -> `train_step` (nnx.Optimizer.update on the
+  merged (model, optimizer): (graphdef, state, batch) -> (state, metrics), as the TRM step);
 - estimate_mfu (6N + 12 L H Q T per token)           -> `flops_per_token`, `estimate_mfu`.
 """
 
@@ -138,20 +139,28 @@ def loss_and_grads(model: GPT, x_abt, y_abt):
     return loss, grads
 
 
-def train_step(model: GPT, optimizer: nnx.Optimizer, x_abt, y_abt, *, grad_clip: float = 1.0):
-    """One nanoGPT iteration in place: accumulate, clip (grad_clip=0 disables), AdamW update.
+def train_step(graphdef, state, batch: dict, *, grad_clip: float = 1.0, lr=None):
+    """One nanoGPT iteration as a pure function: (graphdef, state, batch) -> (state, metrics).
 
-    `optimizer` is `nnx.Optimizer(model, configure_optimizers(...), wrt=nnx.Param)`; its schedule
-    sets the lr from its step count. Call it under jax.jit (after nnx.merge) or nnx.jit.
-    Returns {'loss': mean micro-batch loss, 'grad_norm': norm before clipping}.
+    `graphdef, state = nnx.split((model, optimizer))` with `optimizer = nnx.Optimizer(model,
+    configure_optimizers(...), wrt=nnx.Param)`, whose schedule sets the lr from its step count.
+    `batch` holds "x" and "y", each [A, B, T]: A accumulation micro-batches. Accumulate, clip
+    (grad_clip=0 disables), AdamW update; call it under jax.jit with graphdef and the keywords
+    bound (functools.partial). Metrics: 'loss' (mean micro-batch loss), 'grad_norm' (before
+    clipping) and, when `lr` (the schedule) is given, 'lr' of this iteration as nanoGPT logs it.
     """
-    loss, grads = loss_and_grads(model, x_abt, y_abt)
+    model, optimizer = nnx.merge(graphdef, state)
+    it = optimizer.step[...]  # nanoGPT's iter_num: updates done before this one
+    loss, grads = loss_and_grads(model, batch["x"], batch["y"])
     if grad_clip:
         grads, grad_norm = clip_by_global_norm(grads, grad_clip)
     else:
         grad_norm = global_norm(grads)
     optimizer.update(model, grads)
-    return {"loss": loss, "grad_norm": grad_norm}
+    metrics = {"loss": loss, "grad_norm": grad_norm}
+    if lr is not None:
+        metrics["lr"] = jnp.asarray(lr(it), jnp.float32)
+    return nnx.state((model, optimizer)), metrics
 
 
 def _config(config_or_model) -> GPTConfig:

@@ -36,6 +36,7 @@ import optax
 from flax import nnx, struct
 
 from models.trm.layers import PuzzleTable
+from models.trm.loss import act_loss
 from models.trm.optim import adam_atan2, ema_init, ema_update, sparse_sign_sgd, trm_lr
 
 
@@ -152,8 +153,6 @@ def train_step(
     gathered puzzle rows' gradients; absent without a puzzle table), all jnp scalars; on a skipped
     step (step > total_steps) the sums and norms are zeros. `exploration` is passed to the model (see TRM).
     """
-    from models.trm import act_loss
-
     batch_rows = batch["inputs"].shape[0]
     if batch_rows != config.global_batch_size:
         raise ValueError(

@@ -1,0 +1,173 @@
+"""The import structure: no module of the project imports itself back, and the generic trainer
+names no model family.
+
+Every module under models/, train/, data/, parity/, launch/ and bench/ is parsed with `ast` (no
+project import runs) and each `import` / `from ... import` statement, at module level or inside a
+function, becomes an edge to the project module it loads. A cycle is a strongly connected
+component of that graph with more than one module (or a module importing itself); the failure
+message prints one closed path through each. Function-level imports count too: they only move a
+cycle from import time to the first call, where it still makes the two modules one unit.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGES = ("models", "train", "data", "parity", "launch", "bench")
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    return {
+        _module_name(p): p
+        for pkg in PACKAGES
+        for p in sorted((ROOT / pkg).rglob("*.py"))
+        if "results" not in p.relative_to(ROOT).parts
+    }
+
+
+def _resolve(name: str, modules) -> str | None:
+    """The longest prefix of dotted `name` that is a project module (None: not ours)."""
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:n])
+        if candidate in modules:
+            return candidate
+    return None
+
+
+def _imports(module: str, path: pathlib.Path, modules) -> set[str]:
+    """Project modules that `module` imports anywhere in its body (module or function level)."""
+    is_package = path.name == "__init__.py"
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the package that holds `module`
+                package = module.split(".") if is_package else module.split(".")[:-1]
+                package = package[: len(package) - (node.level - 1)]
+                base = ".".join(package + ([base] if base else []))
+            # `from pkg import sub` loads pkg.sub when it is a module, else a name of pkg
+            targets = [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            resolved = _resolve(target, modules)
+            if resolved is not None and resolved != module:
+                out.add(resolved)
+            elif resolved == module and target == module:
+                out.add(module)  # a module that imports itself by name
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {m: _imports(m, p, modules) for m, p in modules.items()}
+
+
+def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative (the graph is a few hundred modules)."""
+    index, low, on_stack, stack, out = {}, {}, set(), [], []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                out.append(sorted(component))
+    return out
+
+
+def _a_cycle(graph, component: list[str]) -> list[str]:
+    """A shortest closed path through the component's first module (breadth-first)."""
+    members, start = set(component), component[0]
+    parent, frontier = {start: None}, [start]
+    while frontier:
+        nxt = []
+        for node in frontier:
+            for child in sorted(graph[node] & members):
+                if child == start:
+                    path = [node]
+                    while parent[path[-1]] is not None:
+                        path.append(parent[path[-1]])
+                    return [start, *reversed(path[:-1]), start] if node != start else [start] * 2
+                if child not in parent:
+                    parent[child] = node
+                    nxt.append(child)
+        frontier = nxt
+    return component
+
+
+def import_cycles() -> list[list[str]]:
+    graph = import_graph()
+    return [
+        _a_cycle(graph, c) for c in _strongly_connected(graph) if len(c) > 1 or c[0] in graph[c[0]]
+    ]
+
+
+def test_the_graph_sees_module_and_function_level_imports():
+    """The parser finds what the cycle test relies on (else that test could never fail)."""
+    graph = import_graph()
+    assert "train.task" in graph["train.trainer"]  # module level
+    assert "models.trm.loss" in graph["models.trm"]  # inside models/trm/__init__.__getattr__
+    assert _strongly_connected({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"], ["c"]]
+    assert _a_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}, ["a", "b", "c"]) == ["a", "b", "c", "a"]
+
+
+def test_no_import_cycles():
+    cycles = import_cycles()
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+# The trainer's generic modules: they reach a model family only through the Task interface
+# (train/task.py), picked by name in train/step.py.
+GENERIC = ("train.trainer", "train.task", "train.config", "train.compose", "train.checkpoint")
+GENERIC += ("train.export", "train.main")
+
+
+def test_the_generic_trainer_imports_no_model_family():
+    graph = import_graph()
+    family = ("models", "train.trm_task", "train.gpt_task")
+    leaks = {
+        m: sorted(t for t in graph[m] if t.startswith(family))
+        for m in GENERIC
+        if any(t.startswith(family) for t in graph[m])
+    }
+    assert not leaks, leaks
