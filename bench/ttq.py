@@ -24,7 +24,6 @@ missing).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import shlex
@@ -35,7 +34,9 @@ from pathlib import Path
 import numpy as np
 
 from bench import configs as bench_configs
-from bench import harness
+from bench.machine import detect_device, loadavg, result_header
+from bench.report import format_ttq_table
+from bench.worker import Worker, WorkerError, record_error
 
 JSON_NAME = "ttq.json"
 
@@ -115,7 +116,6 @@ def make_data(rc: dict, spec: dict):
 
 
 def make_ttq_runner(spec: dict):
-
     rc = spec["resolved"]
     if spec["impl"] == "jax":
         return JaxTTQ(rc, spec)
@@ -131,15 +131,11 @@ def _trm_eval_metrics(sums: dict) -> dict:
     }
 
 
-def _jax_ttq_base():
-    from bench.runners import JaxRunner
-
-    return JaxRunner
-
-
 class JaxTTQ:
     def __init__(self, rc, spec):
-        self.inner = _jax_ttq_base()(rc, spec)
+        from bench.runners import JaxRunner
+
+        self.inner = JaxRunner(rc, spec)
         self.rc, self.spec = rc, spec
 
     def setup(self):
@@ -148,61 +144,39 @@ class JaxTTQ:
         self._eval_fn = None
         return info
 
-    def _put(self, b):
-        if self.rc["family"] == "gpt":
-            b = {k: v[None].astype(np.int32) for k, v in b.items()}
-        return self.inner.task.to_global(b)
-
     def run(self, n: int):
         import jax
+
+        from bench.runners import _loss_of, place_batch
 
         r = self.inner
         t0 = time.perf_counter()
         for _ in range(n):
-            r.state, metrics = r.step_fn(r.state, self._put(self.data.next()))
+            r.state, metrics = r.step_fn(r.state, place_batch(r.task, self.data.next()))
         jax.block_until_ready(r.state)
-        from bench.runners import _loss_of
-
         return time.perf_counter() - t0, _loss_of(metrics)
 
     def evaluate(self, _arg=None) -> dict:
         import jax
-        from flax import nnx
+        import jax.numpy as jnp
 
-        task = self.inner.task
+        task, state = self.inner.task, self.inner.state
+        gpt = self.rc["family"] == "gpt"
         if self._eval_fn is None:
-            if self.rc["family"] == "gpt":
-
-                def f(state, x, y):
-                    model, _ = nnx.merge(task.eval_graphdef, state)  # dropout off
-                    return model(x, y)[1]
-
-            else:
-                from models.trm import act_loss
-                from models.trm.train_step import ema_model
-
-                n_steps = task.model_cfg.halt_max_steps
-
-                def f(state, data):
-                    # upstream evaluate: EMA weights, fresh carry, halt_max_steps ACT steps
-                    model = ema_model(task.graphdef, state["train"])
-                    carry = model.initial_carry(data)
-                    carry = jax.lax.fori_loop(0, n_steps - 1, lambda i, c: model(c, data)[0], carry)
-                    carry, outputs = model(carry, data)
-                    return act_loss(carry, outputs, loss_dtype=task.optim.loss_dtype)[1]
-
-            self._eval_fn = jax.jit(f)
+            # the trainer's own evaluation of one batch: GPT's loss with dropout off; TRM's
+            # upstream evaluate (EMA weights, fresh carry, halt_max_steps ACT steps)
+            self._eval_fn = jax.jit(task._eval_loss if gpt else task._eval_batch)
         t0 = time.perf_counter()
-        if self.rc["family"] == "gpt":
-            losses = []
-            for b in self.data.eval_batches:
-                g = {k: jax.numpy.asarray(v, jax.numpy.int32) for k, v in b.items()}
-                losses.append(self._eval_fn(self.inner.state, g["x"], g["y"]))
+        if gpt:
+            losses = [
+                self._eval_fn(state, jnp.asarray(b["x"], jnp.int32), jnp.asarray(b["y"], jnp.int32))
+                for b in self.data.eval_batches
+            ]
             out = {"val_loss": float(np.mean(jax.device_get(losses)))}
         else:
             sums = None
             for b in self.data.eval_batches:
-                m = jax.device_get(self._eval_fn(self.inner.state, self.inner.task.to_global(b)))
+                m = jax.device_get(self._eval_fn(state["train"], task.to_global(b))[0])
                 sums = m if sums is None else {k: sums[k] + m[k] for k in sums}
             out = _trm_eval_metrics(sums)
         out["eval_s"] = time.perf_counter() - t0
@@ -359,7 +333,7 @@ def ttq_config(cfg, impls, *, data_dir, input_path, target, metric, max_steps, e
     workers = {}
     for impl in impls:
         spec = {
-            "impl": impl, "device": harness.detect_device(),
+            "impl": impl, "device": detect_device(),
             "resolved": rc, "seed": seed, "threads": threads, "mode": "ttq",
             "data_dir": path, "eval_iters": eval_iters or t.get("eval_iters", 20),
             "eval_examples": eval_examples,
@@ -367,10 +341,10 @@ def ttq_config(cfg, impls, *, data_dir, input_path, target, metric, max_steps, e
         res = {"status": "ok", "curve": [], "busy_s": 0.0, "steps": 0, "reached": False}
         record["impls"][impl] = res
         try:
-            workers[impl] = harness.Worker(spec, timeout_s)
+            workers[impl] = Worker(spec, timeout_s)
             res["info"] = workers[impl].info
-        except harness.WorkerError as e:
-            res.update(status="error", error=harness._short_error(e), traceback=str(e))
+        except WorkerError as e:
+            record_error(res, e)
     active = dict(workers)
     while active:
         for name in list(active):
@@ -379,8 +353,8 @@ def ttq_config(cfg, impls, *, data_dir, input_path, target, metric, max_steps, e
                 n = min(eval_interval, max_steps - res["steps"])
                 out = w.call("run", n)
                 ev = w.call("eval")
-            except harness.WorkerError as e:
-                res.update(status="error", error=harness._short_error(e), traceback=str(e))
+            except WorkerError as e:
+                record_error(res, e)
                 active.pop(name).close()
                 continue
             res["steps"] += n
@@ -399,35 +373,13 @@ def ttq_config(cfg, impls, *, data_dir, input_path, target, metric, max_steps, e
     for name, w in workers.items():
         try:
             record["impls"][name]["memory"] = w.call("stats")
-        except harness.WorkerError:
+        except WorkerError:
             pass
         w.close()
     a, b = record["impls"].get("jax", {}), record["impls"].get("torch_eager", {})
     if a.get("reached") and b.get("reached"):
         record["ratio_wall_jax/torch_eager"] = a["wall_to_target_s"] / b["wall_to_target_s"]
     return record
-
-
-def format_table(result: dict) -> str:
-    lines = [f"{'config':<26} {'impl':<14} {'metric':<15} {'target':>7} {'reached':>8} "
-             f"{'steps':>6} {'wall s':>8} {'final':>8}"]  # fmt: skip
-    for rec in result["results"]:
-        for impl, res in rec["impls"].items():
-            if res["status"] != "ok":
-                lines.append(f"{rec['config']:<26} {impl:<14} ERROR {res.get('error', '')}")
-                continue
-            final = res["curve"][-1][rec["metric"]] if res["curve"] else float("nan")
-            wall = res.get("wall_to_target_s", res["busy_s"])
-            lines.append(
-                f"{rec['config']:<26} {impl:<14} {rec['metric']:<15} {rec['target']!s:>7} "
-                f"{('yes' if res['reached'] else 'no'):>8} {res['steps']:>6} {wall:>8.1f} "
-                f"{final:>8.4f}"
-            )
-        if "ratio_wall_jax/torch_eager" in rec:
-            lines.append(
-                f"{'':<26} wall-time ratio jax/torch_eager {rec['ratio_wall_jax/torch_eager']:.3f}"
-            )
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -451,14 +403,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = {
-        "kind": "ttq",
-        "command": "python -m bench ttq " + " ".join(shlex.quote(a) for a in argv),
-        "started_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "loadavg_start": harness._loadavg(),
-        "machine": harness.machine_info(harness.detect_device()),
-        "results": [],
-    }
+    command = "python -m bench ttq " + " ".join(shlex.quote(a) for a in argv)
+    result = {**result_header("ttq", command, detect_device()), "results": []}
     for name in args.configs.split(","):
         cfg = bench_configs.get(name.strip())
         multi = len(args.configs.split(",")) > 1
@@ -479,8 +425,8 @@ def main(argv: list[str] | None = None) -> dict:
                 timeout_s=args.timeout,
             )  # fmt: skip
         )
-    result["loadavg_end"] = harness._loadavg()
+    result["loadavg_end"] = loadavg()
     (out_dir / JSON_NAME).write_text(json.dumps(result, indent=1, default=str))
-    print(format_table(result))
+    print(format_ttq_table(result))
     print(f"wrote {out_dir / JSON_NAME}")
     return result

@@ -43,7 +43,6 @@ TOPOLOGIES = {
     "v4-128": dict(topology_name="v4:4x4x4", wrap=(True, True, True)),
 }
 V4_HBM_BYTES = 32 * GiB
-V4_PEAK_FLOPS = 275e12  # bf16 per chip
 
 COLLECTIVE_KINDS = (
     "all-reduce",
@@ -264,6 +263,7 @@ def aot_compile(
 
     from train import mesh as mesh_lib
     from train.compose import load_config
+    from train.flops import peak_flops_for
     from train.step import build_train_step, make_task
     from train.trm_task import enable_x64_if_needed
 
@@ -285,7 +285,7 @@ def aot_compile(
         mesh=mesh,
         flops_per_step=task.flops_per_step,
         hbm_bytes=hbm_bytes,
-        peak_flops_per_device=V4_PEAK_FLOPS,
+        peak_flops_per_device=peak_flops_for("TPU v4"),
         lower_seconds=t_lower,
         compile_seconds=t_compile,
     )

@@ -45,10 +45,10 @@ class GPTTask(Task):
         self.batch = int(t.global_batch_size)
         self.block = self.model_cfg.block_size
         self.total_steps = int(t.total_steps) or self.optim.max_iters + 1
-        from models.gpt import flops_per_token
+        from train.flops import gpt_flops_per_step
 
         self.items_per_step = self.accum * self.batch * self.block
-        self.flops_per_step = float(flops_per_token(self.model_cfg)) * self.items_per_step
+        self.flops_per_step = gpt_flops_per_step(self.model_cfg, self.batch, self.accum)
         self._eval_fn = None
         self._setup()
 
