@@ -154,9 +154,9 @@ def test_bench_configs_compose_the_trainer_experiments():
 def test_ttq_torch_side_stops_at_target(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     # The driver: same data stream, eval every K steps, stop at the first eval meeting the target.
-    # The text is train.testing.synthetic_text (47 characters, below the model's vocab of 65).
+    # The text is tests.helpers.synthetic_text (47 characters, below the model's vocab of 65).
     from bench import ttq
-    from train.testing import synthetic_text
+    from tests.helpers import synthetic_text
 
     (tmp_path / "input.txt").write_text(synthetic_text(), encoding="utf-8")
 
