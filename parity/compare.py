@@ -18,6 +18,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from models.state_dict import to_numpy
+
 
 @dataclasses.dataclass(frozen=True)
 class Tolerance:
@@ -43,15 +45,6 @@ TRAJECTORY_F64 = Tolerance(
     "trajectory-float64", 1e-10, why="20 optimizer steps in float64; round-off accumulates per step"
 )
 EXACT = Tolerance("exact", 0.0, 0.0, why="the same bits: a copy, a permutation or integer logic")
-
-
-def _to_numpy(x) -> np.ndarray:
-    if hasattr(x, "detach"):  # torch.Tensor, without importing torch
-        x = x.detach().cpu()
-        if str(x.dtype) == "torch.bfloat16":
-            x = x.float()
-        return x.numpy()
-    return np.asarray(x)
 
 
 @dataclasses.dataclass
@@ -88,8 +81,8 @@ class Comparison:
 
 def compare(name: str, actual, expected, tol: Tolerance) -> Comparison:
     """Compare two arrays (numpy, JAX or torch) and return the full report without raising."""
-    a = _to_numpy(actual)
-    e = _to_numpy(expected)
+    a = to_numpy(actual)
+    e = to_numpy(expected)
     if a.shape != e.shape:
         raise AssertionError(f"{name}: shape mismatch, actual {a.shape} vs expected {e.shape}")
     if a.dtype == bool or np.issubdtype(a.dtype, np.integer):
