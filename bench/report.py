@@ -73,8 +73,16 @@ def _mib(n) -> str:
     return "-" if not n else f"{n / 2**20:.0f}M"
 
 
-def _load(x) -> str:
-    return "n/a" if not x else "/".join(f"{v:.1f}" for v in x)
+def _load(result: dict) -> str:
+    def avg(x):
+        return "n/a" if not x else "/".join(f"{v:.1f}" for v in x)
+
+    start, end = avg(result["loadavg_start"]), avg(result["loadavg_end"])
+    return f"load average (1/5/15 min) {start} before, {end} after"
+
+
+def _md_table(columns: list[str]) -> list[str]:
+    return ["", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -177,13 +185,21 @@ def speed_markdown(result: dict) -> str:
     lines = [
         f"`{result['command']}` at {result['started_utc']} (git {m['git_commit']}); "
         f"{m['cpu'] if m['device'] == 'cpu' else ', '.join(m['gpus'])}, {m['cpu_cores']} cores, "
-        f"threads per worker: {s.get('threads') or m['cpu_cores']}; load average (1/5/15 min) "
-        f"{_load(result['loadavg_start'])} before, {_load(result['loadavg_end'])} after; peak for MFU "
+        f"threads per worker: {s.get('threads') or m['cpu_cores']}; {_load(result)}; peak for MFU "
         f"{result['peak_flops']:.3g} FLOP/s ({result['peak_flops_source']}); "
         f"{s['steps']} timed rounds x {s['inner']} steps after {s['warmup']} warm-up rounds.",
-        "",
-        "| config | impl | step ms median [IQR] | min-max ms | items/s | MFU | compile s | peak mem MiB |",
-        "|---|---|---|---|---|---|---|---|",
+        *_md_table(
+            [
+                "config",
+                "impl",
+                "step ms median [IQR]",
+                "min-max ms",
+                "items/s",
+                "MFU",
+                "compile s",
+                "peak mem MiB",
+            ]
+        ),  # fmt: skip
     ]
     for kind, rec, name, x in _speed_rows(result):
         if kind == "error":
@@ -205,17 +221,24 @@ def speed_markdown(result: dict) -> str:
 
 def ttq_markdown(result: dict) -> str:
     lines = [
-        f"`{result['command']}` at {result['started_utc']}; load average (1/5/15 min) "
-        f"{_load(result['loadavg_start'])} before, {_load(result['loadavg_end'])} after.",
-        "",
-        "| config | impl | metric (target) | reached | steps | wall s (incl. compile) | final value |",
-        "|---|---|---|---|---|---|---|",
+        f"`{result['command']}` at {result['started_utc']}; {_load(result)}.",
+        *_md_table(
+            [
+                "config",
+                "impl",
+                "metric (target)",
+                "reached",
+                "steps",
+                "wall s (incl. compile)",
+                "final value",
+            ]
+        ),  # fmt: skip
     ]
     for kind, rec, impl, x in _ttq_rows(result):
+        if kind == "ratio":
+            continue
         if kind == "error":
             lines.append(f"| {rec['config']} | {impl} | error: {x} | | | | |")
-            continue
-        if kind == "ratio":
             continue
         lines.append(
             f"| {rec['config']} | {impl} | {rec['metric']} ({rec['target']}) "

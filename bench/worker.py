@@ -79,7 +79,7 @@ def worker_main(conn, spec: dict) -> None:
 
         t0 = time.perf_counter()
         if spec.get("mode") == "ttq":
-            from bench.ttq import make_ttq_runner
+            from bench.ttq_runners import make_ttq_runner
 
             runner = make_ttq_runner(spec)
         else:

@@ -65,6 +65,29 @@ def process_env(
     return env
 
 
+def process_envs(
+    base: dict[str, str], processes: int, cpu_devices: int | None, platform: str | None
+) -> list[dict[str, str]]:
+    """The environments of a run's processes, in process order (several: CPU devices, one
+    coordinator on a free port)."""
+    if processes < 1:
+        raise ValueError(f"--processes must be >= 1, got {processes}")
+    if processes > 1 and platform not in (None, "cpu"):
+        raise ValueError("--processes > 1 stands in for hosts with CPU devices: use --platform cpu")
+    port = free_port() if processes > 1 else None
+    return [
+        process_env(
+            base,
+            process_id=pid,
+            num_processes=processes,
+            port=port,
+            cpu_devices=cpu_devices,
+            platform="cpu" if processes > 1 else platform,
+        )
+        for pid in range(processes)
+    ]
+
+
 def commands(overrides: Sequence[str], python: str = sys.executable) -> list[str]:
     for o in overrides:
         if o.startswith("-"):
@@ -101,23 +124,8 @@ def run_processes(
     one process fails the others are terminated, and killed 10 s later: a survivor would wait
     forever in its next collective.
     """
-    if processes < 1:
-        raise ValueError(f"--processes must be >= 1, got {processes}")
-    if processes > 1 and platform not in (None, "cpu"):
-        raise ValueError("--processes > 1 stands in for hosts with CPU devices: use --platform cpu")
-    if processes > 1:
-        platform = "cpu"
-    port = free_port() if processes > 1 else None
     procs, outputs = [], [[] for _ in range(processes)]
-    for pid in range(processes):
-        env = process_env(
-            dict(os.environ),
-            process_id=pid,
-            num_processes=processes,
-            port=port,
-            cpu_devices=cpu_devices,
-            platform=platform,
-        )
+    for env in process_envs(dict(os.environ), processes, cpu_devices, platform):
         procs.append(
             subprocess.Popen(
                 list(cmd),
@@ -200,16 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cmd = commands(args.overrides)
         if args.dry_run:
-            port = free_port() if args.processes > 1 else None
-            for pid in range(args.processes):
-                env = process_env(
-                    {},
-                    process_id=pid,
-                    num_processes=args.processes,
-                    port=port,
-                    cpu_devices=args.cpu_devices,
-                    platform="cpu" if args.processes > 1 else args.platform,
-                )
+            for env in process_envs({}, args.processes, args.cpu_devices, args.platform):
                 print(shlex.join(["env", *(f"{k}={v}" for k, v in sorted(env.items())), *cmd]))
             return 0
         return run(

@@ -111,25 +111,8 @@ def test_failing_impl_is_reported_not_raised(tmp_path, monkeypatch):
         batch_size=2, dtype="float32", optim=_MICRO_GPT.optim,
     )  # fmt: skip
     monkeypatch.setitem(bench_configs.CONFIGS, "bad_gpt", bad)
-    result = harness.main(
-        [
-            "--configs",
-            "bad_gpt",
-            "--impls",
-            "torch_eager",
-            "--steps",
-            "1",
-            "--warmup",
-            "0",
-            "--inner",
-            "1",
-            "--peak-flops",
-            "1e12",
-            "--no-chart",
-            "--out",
-            str(tmp_path),
-        ]  # fmt: skip
-    )
+    argv = "--configs bad_gpt --impls torch_eager --steps 1 --warmup 0 --inner 1 --peak-flops 1e12"
+    result = harness.main([*argv.split(), "--no-chart", "--out", str(tmp_path)])
     res = result["results"][0]["impls"]["torch_eager"]
     assert res["status"] == "error" and "Error" in res["error"]
     assert "ERROR" in report.format_table(result)
@@ -165,20 +148,8 @@ def test_ttq_torch_side_stops_at_target(tmp_path, monkeypatch):
            "ttq": dict(metric="val_loss", target=100.0, eval_interval=2, eval_iters=2, max_steps=6)}
     )  # fmt: skip
     monkeypatch.setitem(bench_configs.CONFIGS, "micro_char", micro)
-    result = ttq.main(
-        [
-            "--configs",
-            "micro_char",
-            "--impls",
-            "torch_eager",
-            "--data-dir",
-            str(tmp_path / "d"),
-            "--input",
-            str(tmp_path / "input.txt"),
-            "--out",
-            str(tmp_path),
-        ]  # fmt: skip
-    )
+    paths = ["--data-dir", tmp_path / "d", "--input", tmp_path / "input.txt", "--out", tmp_path]
+    result = ttq.main(["--configs", "micro_char", "--impls", "torch_eager", *map(str, paths)])
     res = result["results"][0]["impls"]["torch_eager"]
     assert res["status"] == "ok", res.get("traceback")
     # target 100 is met at the first eval (a fresh model's loss is ~ln 65 = 4.17)
