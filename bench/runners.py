@@ -47,6 +47,13 @@ def make_batch(rc: dict, seed: int) -> dict[str, np.ndarray]:
     }
 
 
+def place_batch(task, batch: dict) -> dict:
+    """A numpy batch -> the trainer task's global arrays, the way the trainer feeds its step
+    (GPT: its [accumulation, batch, block] micro-batch layout first; then `task.to_global`)."""
+    reshape = getattr(task, "_reshape_local", None)
+    return task.to_global(reshape(batch) if reshape else batch)
+
+
 def make_runner(spec: dict):
     """`spec`: impl, device, seed and `resolved` (bench.configs.resolve output)."""
     rc = spec["resolved"]
@@ -137,10 +144,7 @@ class JaxRunner:
         self.task = make_task(self.tcfg, self.mesh, need_data=False)
         self.step_fn = jit_train_step(self.task)
         self.state = self.task.create_state()
-        batch = make_batch(self.cfg, self.spec["seed"])
-        if self.cfg["family"] == "gpt":
-            batch = {k: v[None].astype(np.int32) for k, v in batch.items()}  # [accum=1, B, T]
-        self.batch = self.task.to_global(batch)
+        self.batch = place_batch(self.task, make_batch(self.cfg, self.spec["seed"]))
         jax.block_until_ready((self.state, self.batch))
         dev = jax.devices()[0]
         return {
@@ -187,7 +191,7 @@ class JaxRunner:
 def _torch_setup(device: str):
     import torch
 
-    from bench.flops import cpu_count
+    from bench.machine import cpu_count
 
     if device == "gpu":
         torch.backends.cuda.matmul.allow_tf32 = True  # nanoGPT train.py sets both

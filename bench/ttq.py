@@ -24,286 +24,18 @@ missing).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import shlex
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
-
 from bench import configs as bench_configs
-from bench import harness
+from bench.machine import detect_device, loadavg, result_header
+from bench.report import format_ttq_table
+from bench.worker import Worker, WorkerError, record_error
 
 JSON_NAME = "ttq.json"
-
-
-# ----------------------------------------------------------------------------------------------
-# Data (numpy only: the same draws in every worker)
-
-
-class GPTData:
-    """nanoGPT get_batch: random windows of block_size+1 tokens from a uint16 token file."""
-
-    def __init__(self, data_dir: str, block_size: int, batch_size: int, seed: int, eval_iters: int):
-        self.train = np.memmap(os.path.join(data_dir, "train.bin"), dtype=np.uint16, mode="r")
-        self.val = np.memmap(os.path.join(data_dir, "val.bin"), dtype=np.uint16, mode="r")
-        self.T, self.B = block_size, batch_size
-        self.rng = np.random.default_rng(seed)
-        eval_rng = np.random.default_rng(seed + 1)
-        self.eval_batches = [self._window(self.val, eval_rng) for _ in range(eval_iters)]
-
-    def _window(self, data, rng):
-        ix = rng.integers(0, len(data) - self.T - 1, size=self.B)
-        x = np.stack([data[i : i + self.T] for i in ix]).astype(np.int64)
-        y = np.stack([data[i + 1 : i + 1 + self.T] for i in ix]).astype(np.int64)
-        return {"x": x, "y": y}
-
-    def next(self):
-        return self._window(self.train, self.rng)
-
-
-class PuzzleData:
-    """Random training rows (with replacement) and a fixed test slice of an upstream data set."""
-
-    def __init__(self, data_dir: str, batch_size: int, seed: int, eval_examples: int):
-        from data.puzzle_format import load_split
-
-        self.B = batch_size
-        self.rng = np.random.default_rng(seed)
-        self.train = self._flatten(load_split(data_dir, "train"))
-        split = (
-            "test" if os.path.exists(os.path.join(data_dir, "test", "dataset.json")) else "train"
-        )
-        test = self._flatten(load_split(data_dir, split))
-        n = min(eval_examples, len(test["inputs"]))
-        n -= n % batch_size if n >= batch_size else 0
-        self.eval_batches = []
-        for s in range(0, max(n, 1), batch_size):
-            rows = np.arange(s, s + batch_size) % len(test["inputs"])
-            self.eval_batches.append({k: v[rows] for k, v in test.items()})
-        self.eval_split = split
-
-    @staticmethod
-    def _flatten(ps):
-        arr = ps.sets["all"]
-        example_puzzle = (
-            np.searchsorted(arr.puzzle_indices, np.arange(len(arr.inputs)), "right") - 1
-        )
-        return {
-            "inputs": np.asarray(arr.inputs, np.int32),
-            "labels": np.asarray(arr.labels, np.int32),
-            "puzzle_identifiers": arr.puzzle_identifiers[example_puzzle].astype(np.int32),
-        }
-
-    def next(self):
-        rows = self.rng.integers(0, len(self.train["inputs"]), size=self.B)
-        return {k: v[rows] for k, v in self.train.items()}
-
-
-def make_data(rc: dict, spec: dict):
-    if rc["family"] == "gpt":
-        return GPTData(spec["data_dir"], rc["model"]["block_size"], rc["batch_size"],
-                       spec["seed"], spec["eval_iters"])  # fmt: skip
-    return PuzzleData(spec["data_dir"], rc["batch_size"], spec["seed"], spec["eval_examples"])
-
-
-# ----------------------------------------------------------------------------------------------
-# Runners with data and evaluation (built on bench.runners)
-
-
-def make_ttq_runner(spec: dict):
-
-    rc = spec["resolved"]
-    if spec["impl"] == "jax":
-        return JaxTTQ(rc, spec)
-    cls = TorchGPTTTQ if rc["family"] == "gpt" else TorchTRMTTQ
-    return cls(rc, spec, compile=spec["impl"] == "torch_compile")
-
-
-def _trm_eval_metrics(sums: dict) -> dict:
-    count = max(float(sums["count"]), 1.0)
-    return {
-        "accuracy": float(sums["accuracy"]) / count,
-        "exact_accuracy": float(sums["exact_accuracy"]) / count,
-    }
-
-
-def _jax_ttq_base():
-    from bench.runners import JaxRunner
-
-    return JaxRunner
-
-
-class JaxTTQ:
-    def __init__(self, rc, spec):
-        self.inner = _jax_ttq_base()(rc, spec)
-        self.rc, self.spec = rc, spec
-
-    def setup(self):
-        info = self.inner.setup()
-        self.data = make_data(self.rc, self.spec)
-        self._eval_fn = None
-        return info
-
-    def _put(self, b):
-        if self.rc["family"] == "gpt":
-            b = {k: v[None].astype(np.int32) for k, v in b.items()}
-        return self.inner.task.to_global(b)
-
-    def run(self, n: int):
-        import jax
-
-        r = self.inner
-        t0 = time.perf_counter()
-        for _ in range(n):
-            r.state, metrics = r.step_fn(r.state, self._put(self.data.next()))
-        jax.block_until_ready(r.state)
-        from bench.runners import _loss_of
-
-        return time.perf_counter() - t0, _loss_of(metrics)
-
-    def evaluate(self, _arg=None) -> dict:
-        import jax
-        from flax import nnx
-
-        task = self.inner.task
-        if self._eval_fn is None:
-            if self.rc["family"] == "gpt":
-
-                def f(state, x, y):
-                    model, _ = nnx.merge(task.eval_graphdef, state)  # dropout off
-                    return model(x, y)[1]
-
-            else:
-                from models.trm import act_loss
-                from models.trm.train_step import ema_model
-
-                n_steps = task.model_cfg.halt_max_steps
-
-                def f(state, data):
-                    # upstream evaluate: EMA weights, fresh carry, halt_max_steps ACT steps
-                    model = ema_model(task.graphdef, state["train"])
-                    carry = model.initial_carry(data)
-                    carry = jax.lax.fori_loop(0, n_steps - 1, lambda i, c: model(c, data)[0], carry)
-                    carry, outputs = model(carry, data)
-                    return act_loss(carry, outputs, loss_dtype=task.optim.loss_dtype)[1]
-
-            self._eval_fn = jax.jit(f)
-        t0 = time.perf_counter()
-        if self.rc["family"] == "gpt":
-            losses = []
-            for b in self.data.eval_batches:
-                g = {k: jax.numpy.asarray(v, jax.numpy.int32) for k, v in b.items()}
-                losses.append(self._eval_fn(self.inner.state, g["x"], g["y"]))
-            out = {"val_loss": float(np.mean(jax.device_get(losses)))}
-        else:
-            sums = None
-            for b in self.data.eval_batches:
-                m = jax.device_get(self._eval_fn(self.inner.state, self.inner.task.to_global(b)))
-                sums = m if sums is None else {k: sums[k] + m[k] for k in sums}
-            out = _trm_eval_metrics(sums)
-        out["eval_s"] = time.perf_counter() - t0
-        return out
-
-    def stats(self):
-        return self.inner.stats()
-
-
-class _TorchTTQ:
-    """A bench.runners torch runner fed from the time-to-quality data stream; subclasses say how
-    a batch reaches the runner (`_load`), how to read the step's loss, and how to evaluate."""
-
-    runner_name: str
-
-    def __init__(self, rc, spec, compile):
-        from bench import runners
-
-        self.inner = getattr(runners, self.runner_name)(rc, spec, compile)
-        self.rc, self.spec = rc, spec
-
-    def setup(self):
-        info = self.inner.setup()
-        self.data = make_data(self.rc, self.spec)
-        return info
-
-    def run(self, n: int):
-        from bench.runners import _torch_sync
-
-        r = self.inner
-        t0 = time.perf_counter()
-        for _ in range(n):
-            self._load(self.data.next())
-            loss = r._step()
-        _torch_sync(r.dev)
-        return time.perf_counter() - t0, self._loss_value(loss)
-
-    def stats(self):
-        return self.inner.stats()
-
-
-class TorchGPTTTQ(_TorchTTQ):
-    runner_name = "TorchGPTRunner"
-
-    def _load(self, b):
-        import torch
-
-        r = self.inner
-        r.x = torch.from_numpy(b["x"]).to(r.dev)
-        r.y = torch.from_numpy(b["y"]).to(r.dev)
-
-    def _loss_value(self, loss) -> float:
-        return float(loss.detach().float().cpu())
-
-    def evaluate(self, _arg=None) -> dict:
-        import torch
-
-        r = self.inner
-        t0 = time.perf_counter()
-        r.model.eval()
-        losses = []
-        with torch.no_grad():
-            for b in self.data.eval_batches:
-                x, y = (torch.from_numpy(b[k]).to(r.dev) for k in ("x", "y"))
-                with r.ctx():
-                    losses.append(float(r.fwd(x, y)[1].float().cpu()))
-        r.model.train()
-        return {"val_loss": float(np.mean(losses)), "eval_s": time.perf_counter() - t0}
-
-
-class TorchTRMTTQ(_TorchTTQ):
-    runner_name = "TorchTRMRunner"
-
-    def _load(self, b):
-        import torch
-
-        self.inner.batch = {k: torch.from_numpy(v).to(self.inner.dev) for k, v in b.items()}
-
-    def _loss_value(self, loss) -> float:
-        return float(loss.float().cpu()) / self.rc["batch_size"]
-
-    def evaluate(self, _arg=None) -> dict:
-        import torch
-
-        r = self.inner
-        t0 = time.perf_counter()
-        model = r.ema.ema_copy(r.model) if r.ema is not None else r.model
-        model.eval()
-        sums = None
-        with torch.no_grad(), torch.device(r.dev):
-            for b in self.data.eval_batches:
-                batch = {k: torch.from_numpy(v).to(r.dev) for k, v in b.items()}
-                carry = model.initial_carry(batch)
-                for _ in range(self.rc["model"]["halt_max_steps"]):
-                    carry, _, metrics, _, _ = model(carry=carry, batch=batch)
-                m = {k: float(v) for k, v in metrics.items()}
-                sums = m if sums is None else {k: sums[k] + m[k] for k in sums}
-        r.model.train()
-        out = _trm_eval_metrics(sums)
-        out["eval_s"] = time.perf_counter() - t0
-        return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -333,6 +65,18 @@ def prepare_data(rc: dict, data_dir: str | None, input_path: str | None) -> str:
     return path
 
 
+def _eval_means(ev: dict) -> dict:
+    """A worker's eval answer as metric values: TRM sums through the trainer's normalisation
+    (every key / count: rows that halted with labels), GPT's val_loss as it is."""
+    if "sums" not in ev:
+        return ev
+    from models.trm.losses import normalize_metrics
+
+    means = normalize_metrics(ev["sums"], mode="eval")
+    return {"accuracy": float(means["accuracy"]), "exact_accuracy": float(means["exact_accuracy"]),
+            "eval_s": ev["eval_s"]}  # fmt: skip
+
+
 def _better(metric: str, value: float, target: float) -> bool:
     return value <= target if metric.endswith("loss") else value >= target
 
@@ -359,7 +103,7 @@ def ttq_config(cfg, impls, *, data_dir, input_path, target, metric, max_steps, e
     workers = {}
     for impl in impls:
         spec = {
-            "impl": impl, "device": harness.detect_device(),
+            "impl": impl, "device": detect_device(),
             "resolved": rc, "seed": seed, "threads": threads, "mode": "ttq",
             "data_dir": path, "eval_iters": eval_iters or t.get("eval_iters", 20),
             "eval_examples": eval_examples,
@@ -367,10 +111,10 @@ def ttq_config(cfg, impls, *, data_dir, input_path, target, metric, max_steps, e
         res = {"status": "ok", "curve": [], "busy_s": 0.0, "steps": 0, "reached": False}
         record["impls"][impl] = res
         try:
-            workers[impl] = harness.Worker(spec, timeout_s)
+            workers[impl] = Worker(spec, timeout_s)
             res["info"] = workers[impl].info
-        except harness.WorkerError as e:
-            res.update(status="error", error=harness._short_error(e), traceback=str(e))
+        except WorkerError as e:
+            record_error(res, e)
     active = dict(workers)
     while active:
         for name in list(active):
@@ -378,9 +122,9 @@ def ttq_config(cfg, impls, *, data_dir, input_path, target, metric, max_steps, e
             try:
                 n = min(eval_interval, max_steps - res["steps"])
                 out = w.call("run", n)
-                ev = w.call("eval")
-            except harness.WorkerError as e:
-                res.update(status="error", error=harness._short_error(e), traceback=str(e))
+                ev = _eval_means(w.call("eval"))
+            except WorkerError as e:
+                record_error(res, e)
                 active.pop(name).close()
                 continue
             res["steps"] += n
@@ -399,35 +143,13 @@ def ttq_config(cfg, impls, *, data_dir, input_path, target, metric, max_steps, e
     for name, w in workers.items():
         try:
             record["impls"][name]["memory"] = w.call("stats")
-        except harness.WorkerError:
+        except WorkerError:
             pass
         w.close()
     a, b = record["impls"].get("jax", {}), record["impls"].get("torch_eager", {})
     if a.get("reached") and b.get("reached"):
         record["ratio_wall_jax/torch_eager"] = a["wall_to_target_s"] / b["wall_to_target_s"]
     return record
-
-
-def format_table(result: dict) -> str:
-    lines = [f"{'config':<26} {'impl':<14} {'metric':<15} {'target':>7} {'reached':>8} "
-             f"{'steps':>6} {'wall s':>8} {'final':>8}"]  # fmt: skip
-    for rec in result["results"]:
-        for impl, res in rec["impls"].items():
-            if res["status"] != "ok":
-                lines.append(f"{rec['config']:<26} {impl:<14} ERROR {res.get('error', '')}")
-                continue
-            final = res["curve"][-1][rec["metric"]] if res["curve"] else float("nan")
-            wall = res.get("wall_to_target_s", res["busy_s"])
-            lines.append(
-                f"{rec['config']:<26} {impl:<14} {rec['metric']:<15} {rec['target']!s:>7} "
-                f"{('yes' if res['reached'] else 'no'):>8} {res['steps']:>6} {wall:>8.1f} "
-                f"{final:>8.4f}"
-            )
-        if "ratio_wall_jax/torch_eager" in rec:
-            lines.append(
-                f"{'':<26} wall-time ratio jax/torch_eager {rec['ratio_wall_jax/torch_eager']:.3f}"
-            )
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -451,14 +173,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = {
-        "kind": "ttq",
-        "command": "python -m bench ttq " + " ".join(shlex.quote(a) for a in argv),
-        "started_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "loadavg_start": harness._loadavg(),
-        "machine": harness.machine_info(harness.detect_device()),
-        "results": [],
-    }
+    command = "python -m bench ttq " + " ".join(shlex.quote(a) for a in argv)
+    result = {**result_header("ttq", command, detect_device()), "results": []}
     for name in args.configs.split(","):
         cfg = bench_configs.get(name.strip())
         multi = len(args.configs.split(",")) > 1
@@ -479,8 +195,8 @@ def main(argv: list[str] | None = None) -> dict:
                 timeout_s=args.timeout,
             )  # fmt: skip
         )
-    result["loadavg_end"] = harness._loadavg()
+    result["loadavg_end"] = loadavg()
     (out_dir / JSON_NAME).write_text(json.dumps(result, indent=1, default=str))
-    print(format_table(result))
+    print(format_ttq_table(result))
     print(f"wrote {out_dir / JSON_NAME}")
     return result

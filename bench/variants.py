@@ -48,10 +48,10 @@ def main(argv=None):
 
     prepare_env("jax", "cpu", args.threads)
     import jax
-    import numpy as np
     from omegaconf import OmegaConf
 
-    from bench import configs, harness, runners
+    from bench import configs, runners
+    from bench.stats import paired_ratios, summarize
     from train import mesh as mesh_lib
     from train.step import build_train_step, enable_x64_if_needed, make_task
 
@@ -77,10 +77,7 @@ def main(argv=None):
         compiled = lowered.compile()
         t2 = time.perf_counter()
         state = task.create_state()
-        b = runners.make_batch(rc, 0)
-        if rc["family"] == "gpt":
-            b = {k: v[None].astype(np.int32) for k, v in b.items()}
-        batch = task.to_global(b)
+        batch = runners.place_batch(task, runners.make_batch(rc, 0))
         state, m = compiled(state, batch)
         jax.block_until_ready(m)
         mem = compiled.memory_analysis()
@@ -107,8 +104,8 @@ def main(argv=None):
     base = built[0]["times"]
     rows = []
     for v in built:
-        s = harness.summarize(v["times"])
-        r = harness._paired_ratios(v["times"], base)
+        s = summarize(v["times"])
+        r = paired_ratios(v["times"], base)
         rows.append(
             {k: v[k] for k in ("overrides", "lower_s", "compile_s", "temp_bytes", "hlo_chars")}
             | {"step_time_s": s, "ratio_to_baseline": r}

@@ -1,4 +1,6 @@
-"""One benchmark implementation per process, driven step by step over a pipe.
+"""One benchmark implementation per process, driven step by step over a pipe: both ends.
+
+`worker_main` is the process (multiprocessing 'spawn' target); `Worker` is the parent's handle.
 
 Why a process each: JAX and PyTorch each start a thread pool sized to the machine; in one process
 the idle one can still spin and steal cycles from the other, and host RSS could not be told apart.
@@ -10,6 +12,7 @@ reports its own peak memory. Nothing heavy is imported at module level: the envi
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import re
 import resource
@@ -76,7 +79,7 @@ def worker_main(conn, spec: dict) -> None:
 
         t0 = time.perf_counter()
         if spec.get("mode") == "ttq":
-            from bench.ttq import make_ttq_runner
+            from bench.ttq_runners import make_ttq_runner
 
             runner = make_ttq_runner(spec)
         else:
@@ -110,3 +113,71 @@ def worker_main(conn, spec: dict) -> None:
         except BaseException:  # noqa: BLE001
             conn.send(("error", traceback.format_exc()))
     conn.close()
+
+
+class WorkerError(RuntimeError):
+    pass
+
+
+class Worker:
+    """Parent-side handle of one implementation's process (`worker_main`)."""
+
+    def __init__(self, spec: dict, timeout_s: float):
+        self.spec = spec
+        self.name = spec["impl"]
+        self.timeout_s = timeout_s
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=worker_main, args=(child, spec), daemon=True)
+        self.proc.start()
+        child.close()
+        self.info = self._answer()
+
+    def _answer(self):
+        if not self.conn.poll(self.timeout_s):
+            self.kill()
+            raise WorkerError(f"{self.name}: no answer within {self.timeout_s:.0f} s")
+        try:
+            status, payload = self.conn.recv()
+        except EOFError:
+            self.kill()
+            raise WorkerError(
+                f"{self.name}: worker died (exit code {self.proc.exitcode})"
+            ) from None
+        if status != "ok":
+            raise WorkerError(payload)
+        return payload
+
+    def call(self, cmd: str, arg=None):
+        self.conn.send((cmd, arg))
+        return self._answer()
+
+    def close(self) -> None:
+        try:
+            if self.proc.is_alive():
+                self.conn.send(("close", None))
+                self.conn.poll(10)
+        except (OSError, BrokenPipeError):
+            pass
+        self.proc.join(10)
+        self.kill()
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+
+
+def short_error(text) -> str:
+    """The `SomeError: message` line of a traceback (JAX appends notes after it)."""
+    lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", line):
+            return line[:300]
+    return lines[-1][:300] if lines else "error"
+
+
+def record_error(res: dict, error: Exception) -> str:
+    """Mark an implementation's result record as failed; returns the short message."""
+    res.update(status="error", error=short_error(error), traceback=str(error))
+    return res["error"]

@@ -43,7 +43,6 @@ API
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import time
@@ -53,6 +52,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from data import cli
 from data.augment import (
     colour_map_from_str,
     colour_map_to_str,
@@ -378,11 +378,7 @@ def build(
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(
-        prog="python -m data.arc",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = cli.parser("data.arc", __doc__)
     p.add_argument(
         "--input-file-prefix",
         default=None,
@@ -413,9 +409,7 @@ def main(argv=None) -> dict:
         overwrite=args.overwrite,
         download_to=args.download_dir,
     )
-    for k, v in summary.items():
-        print(f"{k:>26}: {v}")
-    return summary
+    return cli.print_summary(summary)
 
 
 if __name__ == "__main__":

@@ -77,23 +77,6 @@ def _crop_rows(seqs: np.ndarray) -> list[np.ndarray]:
     ]
 
 
-def _crop_reference(seq: np.ndarray) -> np.ndarray:
-    """Row-by-row loop of the rule above; kept to test the vectorised version against."""
-    grid = np.asarray(seq).reshape(GRID, GRID)
-    is_colour = (grid >= COLOUR_OFFSET) & (grid < COLOUR_OFFSET + 10)
-    best, best_shape, width = 0, (0, 0), GRID
-    for r in range(GRID):
-        stops = np.flatnonzero(~is_colour[r, :width])
-        if stops.size:
-            width = int(stops[0])
-        if width == 0:
-            break
-        if (r + 1) * width > best:
-            best, best_shape = (r + 1) * width, (r + 1, width)
-    h, w = best_shape
-    return (grid[:h, :w] - COLOUR_OFFSET).astype(np.uint8)
-
-
 def _undo(grid: np.ndarray, tid: int, perm: np.ndarray) -> np.ndarray:
     return invert_permutation(perm)[inverse_dihedral_transform(grid, tid)]
 

@@ -25,7 +25,6 @@ API
 
 from __future__ import annotations
 
-import argparse
 import csv
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ import numpy as np
 from scipy import ndimage
 from tqdm import tqdm
 
+from data import cli
 from data.augment import dihedral_transform
 from data.download import fetch
 from data.puzzle_format import PuzzleArrays, load_split, make_metadata, write_dataset
@@ -208,11 +208,7 @@ def build(
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(
-        prog="python -m data.maze",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = cli.parser("data.maze", __doc__)
     p.add_argument("--out-dir", default="data_out/maze-30x30-hard-1k")
     p.add_argument(
         "--source",
@@ -233,9 +229,7 @@ def main(argv=None) -> dict:
         seed=args.seed,
         overwrite=args.overwrite,
     )
-    for k, v in summary.items():
-        print(f"{k:>14}: {v}")
-    return summary
+    return cli.print_summary(summary)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ API
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import multiprocessing
@@ -35,6 +34,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from data import cli
 from data.text_source import write_meta_json, write_token_bin
 
 EOT_TEXT = "<|endoftext|>"
@@ -196,11 +196,7 @@ def build(
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(
-        prog="python -m data.openwebtext",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = cli.parser("data.openwebtext", __doc__)
     p.add_argument("--input", nargs="*", default=[], help=".txt / .jsonl files or folders")
     p.add_argument("--hf-dataset", default=None, help="e.g. Skylion007/openwebtext (online)")
     p.add_argument("--out-dir", default="data_out/openwebtext")
@@ -220,9 +216,7 @@ def main(argv=None) -> dict:
         num_proc=args.num_proc,
         hf_dataset=args.hf_dataset,
     )
-    for k, v in summary.items():
-        print(f"{k:>15}: {v}")
-    return summary
+    return cli.print_summary(summary)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from typing import Any
 import grain
 import numpy as np
 
+from data.process_rows import process_rows
 from data.puzzle_format import IGNORE_LABEL, PuzzleArrays, PuzzleSplit, collate, load_split
 
 _STATE_VERSION = 1
@@ -61,20 +62,14 @@ def _resolve_split(split: PuzzleSplit | str | os.PathLike, split_name: str | Non
     return load_split(split, split_name, mmap=True)
 
 
-def _process_slice(global_batch_size: int, process_index, process_count) -> tuple[int, int]:
-    if process_index is None or process_count is None:
-        import jax  # only the default needs JAX; tests pass explicit values
-
-        process_index = jax.process_index() if process_index is None else process_index
-        process_count = jax.process_count() if process_count is None else process_count
-    if not 0 <= process_index < process_count:
-        raise ValueError(f"process_index {process_index} not in [0, {process_count})")
-    if global_batch_size % process_count:
-        raise ValueError(
-            f"global_batch_size {global_batch_size} is not divisible by process_count {process_count}"
-        )
-    local = global_batch_size // process_count
-    return process_index * local, local
+def _open(dataset, split, split_name, set_name, global_batch_size, process_index, process_count):
+    """What both sources set up: the split's arrays and metadata, and this process's rows."""
+    dataset.split = _resolve_split(split, split_name)
+    dataset.arrays = dataset.split.sets[set_name]
+    dataset.metadata = dataset.split.metadata
+    dataset.global_batch_size = int(global_batch_size)
+    start, stop = process_rows(global_batch_size, process_index, process_count)
+    dataset.row_start, dataset.local_batch_size = start, stop - start
 
 
 def _example_puzzles(arrays: PuzzleArrays) -> np.ndarray:
@@ -100,18 +95,12 @@ class PuzzleTrainDataset(grain.IterDataset):
         split_name: str | None = "train",
     ):
         super().__init__()
-        self.split = _resolve_split(split, split_name)
-        self.arrays = self.split.sets[set_name]
-        self.metadata = self.split.metadata
         if global_batch_size < 1 or epochs_per_iter < 1:
             raise ValueError("global_batch_size and epochs_per_iter must be >= 1")
-        self.global_batch_size = int(global_batch_size)
+        _open(self, split, split_name, set_name, global_batch_size, process_index, process_count)
         self.seed = int(seed)
         self.epochs_per_iter = int(epochs_per_iter)
         self.num_iterations = num_iterations
-        self.row_start, self.local_batch_size = _process_slice(
-            global_batch_size, process_index, process_count
-        )
         sizes = np.diff(self.arrays.puzzle_indices)
         self._one_example_per_puzzle = bool((sizes == 1).all())
         self._plan_cache: tuple[int, np.ndarray, np.ndarray] | None = None
@@ -259,13 +248,7 @@ class PuzzleTestDataset(grain.MapDataset):
         split_name: str | None = "test",
     ):
         super().__init__()
-        self.split = _resolve_split(split, split_name)
-        self.arrays = self.split.sets[set_name]
-        self.metadata = self.split.metadata
-        self.global_batch_size = int(global_batch_size)
-        self.row_start, self.local_batch_size = _process_slice(
-            global_batch_size, process_index, process_count
-        )
+        _open(self, split, split_name, set_name, global_batch_size, process_index, process_count)
         self._example_puzzle = _example_puzzles(self.arrays)
 
     def __len__(self) -> int:

@@ -14,7 +14,6 @@ On the char-rnn file: vocab 65, train 1,003,854 tokens, val 111,540.
 
 from __future__ import annotations
 
-import argparse
 import os
 import pickle
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from data import cli
 from data.download import fetch
 from data.text_source import write_meta_json, write_token_bin
 
@@ -81,19 +81,13 @@ def build(out_dir, *, input_path=None, url: str = CHAR_RNN_URL) -> dict:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(
-        prog="python -m data.shakespeare_char",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = cli.parser("data.shakespeare_char", __doc__)
     p.add_argument("--out-dir", default="data_out/shakespeare_char")
     p.add_argument("--input", default=None, help="local input.txt (default: download it)")
     p.add_argument("--url", default=CHAR_RNN_URL)
     args = p.parse_args(argv)
     summary = build(args.out_dir, input_path=args.input, url=args.url)
-    for k, v in summary.items():
-        print(f"{k:>13}: {v}")
-    return summary
+    return cli.print_summary(summary)
 
 
 if __name__ == "__main__":

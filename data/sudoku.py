@@ -15,13 +15,10 @@ Examples::
     python -m data.sudoku --output-dir data/sudoku-extreme-1k-aug-1000 --subsample-size 1000 --num-aug 1000
     python -m data.sudoku --generate 1000 --generate-test 200 --num-aug 100 --output-dir data/sudoku-gen
 
-Python API: ``SudokuRecords`` (questions/answers uint8 [n, 81], 0 = blank, ratings [n]),
-``read_sudoku_csv(path)``, ``download_sudoku_csv(split, cache_dir)``, ``read_upstream_sudoku(dir,
-split)``, ``generate_records(n, seed, start=0)``, ``augment_sudoku(question, answer, num_aug, rng)``,
-``check_sudoku_pairs(questions, answers)``, ``build_sudoku(output_dir, train, test, *, subsample_size,
-min_difficulty, num_aug, seed, overwrite)`` -> summary dict, ``build_generated_sudoku(output_dir,
-num_train, num_test, *, num_aug, seed)`` (offline, for demos). Re-exported from data.sudoku_solver:
-``solve``, ``count_solutions``, ``generate_puzzles``.
+Python API: the sources are data.sudoku_sources (``SudokuRecords``: questions/answers uint8
+[n, 81], 0 = blank, ratings [n]); here ``augment_sudoku(question, answer, num_aug, rng)``,
+``check_sudoku_pairs(questions, answers)`` and ``build_sudoku(output_dir, train, test, *,
+subsample_size, min_difficulty, num_aug, seed, overwrite)`` -> summary dict.
 
 Encoding (upstream's): blank 0 / digits 1..9, then +1, so 0 = PAD, 1 = blank, 2..10 = digits;
 vocab 11, seq_len 81, ignore_label_id 0 (never occurs: every cell is supervised), one puzzle
@@ -32,130 +29,24 @@ original). Unlike upstream, everything is drawn from --seed, so two builds are b
 from __future__ import annotations
 
 import argparse
-import csv
-import dataclasses
 import os
 import sys
 import time
 
 import numpy as np
+from tqdm import tqdm
 
-from data import sudoku_solver
-from data.download import fetch
-from data.puzzle_format import PuzzleArrays, load_split, make_metadata, write_dataset
-from data.sudoku_solver import count_solutions, generate_puzzles, solve  # noqa: F401 (re-exported)
-
-HF_REPO = "sapientinc/sudoku-extreme"
-HF_URL = "https://huggingface.co/datasets/{repo}/resolve/main/{file}"
-DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "trm-jax", "sudoku-extreme")
-VOCAB_SIZE = 11
-SEQ_LEN = 81
-
-
-@dataclasses.dataclass
-class SudokuRecords:
-    """Puzzles as digits: questions [n, 81] (0 = blank), answers [n, 81] (1..9), ratings [n]."""
-
-    questions: np.ndarray
-    answers: np.ndarray
-    ratings: np.ndarray
-    origin: str = ""
-
-    def __len__(self) -> int:
-        return len(self.questions)
-
-    def take(self, idx: np.ndarray) -> SudokuRecords:
-        return SudokuRecords(self.questions[idx], self.answers[idx], self.ratings[idx], self.origin)
-
-
-# ---------------------------------------------------------------------------------------- sources
-def read_sudoku_csv(path: str, *, progress: bool = False) -> SudokuRecords:
-    """Read a Sudoku-Extreme CSV (source,question,answer,rating). Bad rows raise ValueError
-    naming the file and line."""
-    # bytearrays, not lists of bytes: the 3.8M-row train.csv then needs ~0.6 GB, not ~1.5 GB.
-    questions, answers, ratings = bytearray(), bytearray(), []
-    trans = bytes.maketrans(b".", b"0")
-    with open(path, newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None:
-            raise ValueError(
-                f"{path}: empty file, expected a header row source,question,answer,rating"
-            )
-        rows = _tqdm(reader, progress, desc=f"read {os.path.basename(path)}", unit="row")
-        for line, row in enumerate(rows, start=2):
-            if len(row) != 4:
-                raise ValueError(
-                    f"{path}:{line}: expected 4 columns source,question,answer,rating, got {len(row)}"
-                )
-            _, q, a, r = row
-            if len(q) != 81 or len(a) != 81:
-                raise ValueError(
-                    f"{path}:{line}: question/answer must have 81 characters, got {len(q)}/{len(a)}"
-                )
-            qb, ab = q.encode().translate(trans), a.encode()
-            if not (qb.isdigit() and ab.isdigit()) or b"0" in ab:
-                raise ValueError(
-                    f"{path}:{line}: question must be '.'/1-9 and answer 1-9, got {q!r}, {a!r}"
-                )
-            try:
-                ratings.append(float(r))
-            except ValueError:
-                raise ValueError(f"{path}:{line}: rating {r!r} is not a number") from None
-            questions += qb
-            answers += ab
-    n = len(ratings)
-    qs = np.frombuffer(questions, np.uint8).reshape(n, 81) - ord("0")
-    an = np.frombuffer(answers, np.uint8).reshape(n, 81) - ord("0")
-    return SudokuRecords(qs, an, np.asarray(ratings, np.float64), origin=path)
-
-
-def download_sudoku_csv(
-    split: str, cache_dir: str = DEFAULT_CACHE, *, progress: bool = True
-) -> str:
-    """Path of ``<split>.csv`` in ``cache_dir``, downloaded from the hub first if absent."""
-    name = f"{split}.csv"
-    dest = os.path.join(cache_dir, name)
-    if os.path.isfile(dest):
-        return dest
-    url = HF_URL.format(repo=HF_REPO, file=name)
-    hint = "Use --csv-dir DIR (with train.csv/test.csv), --input-upstream DIR, or --generate N."
-    return str(fetch(url, dest, offline_hint=hint, progress=progress))
-
-
-def read_upstream_sudoku(root: str, split: str) -> SudokuRecords:
-    """The original puzzle of each group of an upstream-format Sudoku data set."""
-    s = load_split(root, split, raw=True)
-    a, meta = s.all, s.metadata
-    if meta.vocab_size != VOCAB_SIZE or meta.seq_len != SEQ_LEN:
-        raise ValueError(
-            f"{root}/{split}: vocab_size {meta.vocab_size}, seq_len {meta.seq_len}; a Sudoku set has "
-            f"{VOCAB_SIZE}, {SEQ_LEN}"
-        )
-    first = a.puzzle_indices[a.group_indices[:-1]]  # first example of the first puzzle per group
-    q = a.inputs[first].astype(np.int64) - 1
-    ans = a.labels[first].astype(np.int64) - 1
-    if q.min() < 0 or ans.min() < 1:
-        raise ValueError(f"{root}/{split}: token 0 (PAD) in a Sudoku grid, or a blank in a label")
-    return SudokuRecords(q.astype(np.uint8), ans.astype(np.uint8), np.zeros(len(q)), origin=root)
-
-
-def generate_records(
-    n: int,
-    seed: int,
-    *,
-    start: int = 0,
-    min_rating: int = 0,
-    workers: int = 1,
-    progress: bool = False,
-) -> SudokuRecords:
-    """``n`` generated puzzles with unique solutions; rating = solver guesses."""
-    p, s, r = sudoku_solver.generate_puzzles(
-        n, seed, start=start, min_rating=min_rating, workers=workers, progress=progress
-    )
-    return SudokuRecords(
-        p, s, r.astype(np.float64), origin=f"generated(seed={seed}, start={start})"
-    )
+from data.puzzle_format import PuzzleArrays, make_metadata, write_dataset
+from data.sudoku_sources import (
+    DEFAULT_CACHE,
+    VOCAB_SIZE,
+    SudokuRecords,
+    download_sudoku_csv,
+    generate_records,
+    generated_splits,
+    read_sudoku_csv,
+    read_upstream_sudoku,
+)
 
 
 # ------------------------------------------------------------------------------- augmentation
@@ -260,9 +151,13 @@ def build_sudoku(
             raise ValueError(f"{name}: no puzzles left after --min-difficulty {min_difficulty}")
         check_sudoku_pairs(records.questions, records.answers, f"{records.origin} ({name}) ")
         qs, ans = [], []
-        for g in _tqdm(
-            range(len(records)), progress and aug > 0, desc=f"augment {name}", unit="group"
-        ):
+        bar = tqdm(
+            range(len(records)),
+            desc=f"augment {name}",
+            unit="group",
+            disable=not (progress and aug > 0),
+        )
+        for g in bar:
             q, a = records.questions[g], records.answers[g]
             if aug:
                 # One stream per group: the build is the same whatever order groups are made in.
@@ -299,38 +194,8 @@ def build_sudoku(
     return summary
 
 
-def build_generated_sudoku(
-    output_dir: str,
-    num_train: int,
-    num_test: int,
-    *,
-    num_aug: int = 0,
-    seed: int = 0,
-    min_rating: int = 1,
-    workers: int = 1,
-    overwrite: bool = False,
-    progress: bool = False,
-) -> dict:
-    """Offline data set: ``num_train`` + ``num_test`` generated puzzles (disjoint seed streams),
-    train augmented ``num_aug`` times. What ``--generate N --generate-test M`` does."""
-    kw = dict(min_rating=min_rating, workers=workers, progress=progress)
-    train = generate_records(num_train, seed, **kw)
-    test = generate_records(num_test, seed, start=num_train, **kw) if num_test else None
-    return build_sudoku(
-        output_dir, train, test, num_aug=num_aug, seed=seed, overwrite=overwrite, progress=progress
-    )
-
-
 def _dir_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
-
-
-def _tqdm(it, enabled: bool, **kwargs):
-    if not enabled:
-        return it
-    from tqdm import tqdm
-
-    return tqdm(it, **kwargs) if it is not None else tqdm(**kwargs)
 
 
 # ------------------------------------------------------------------------------------------ CLI
@@ -394,19 +259,14 @@ def main(argv: list[str] | None = None) -> dict:
     gen_min = 1 if args.min_difficulty is None else int(args.min_difficulty)
     if args.generate is not None:
         n_test = args.generate // 5 if args.generate_test is None else args.generate_test
-        train = generate_records(
-            args.generate, args.seed, min_rating=gen_min, workers=args.workers, progress=progress
+        train, test = generated_splits(
+            args.generate,
+            n_test,
+            args.seed,
+            min_rating=gen_min,
+            workers=args.workers,
+            progress=progress,
         )
-        test = None
-        if n_test:  # indices after the train ones: a disjoint stream
-            test = generate_records(
-                n_test,
-                args.seed,
-                start=args.generate,
-                min_rating=gen_min,
-                workers=args.workers,
-                progress=progress,
-            )
         min_difficulty = None  # already applied while generating
     elif args.input_upstream is not None:
         train = read_upstream_sudoku(args.input_upstream, "train")

@@ -11,8 +11,6 @@ API
   placements, counted with limit=2 so the uniqueness proof is included) is the difficulty rating:
   0 = singles alone solve it.
 - ``count_solutions(grid, limit=2)``: 0, 1 or ``limit`` (= "at least limit").
-- ``is_valid_solution(grid)``; ``check_puzzle(puzzle, solution)`` raises unless the solution is a
-  valid full grid agreeing with every given.
 - ``generate_puzzle(rng)`` -> ``(puzzle, solution, rating)``: a random full grid, then clues removed
   in random order while the solution stays unique, i.e. a minimal puzzle with exactly one solution.
 - ``generate_puzzles(n, seed, *, min_rating=0, workers=1, start=0)`` -> ``(puzzles [n, 81],
@@ -29,9 +27,9 @@ search with the old digit forbidden, instead of counting to 2.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 
 import numpy as np
+from tqdm import tqdm
 
 _ALL = 0x1FF
 _POP = [bin(m).count("1") for m in range(512)]
@@ -212,13 +210,6 @@ def count_solutions(grid, limit: int = 2) -> int:
     return solve(grid, limit=limit).num_solutions
 
 
-def is_valid_solution(grid) -> bool:
-    g = to_grid(grid)
-    if 0 in g:
-        return False
-    return all(len({g[c] for c in unit}) == 9 for unit in _UNITS)
-
-
 def _has_other_solution(puzzle: list[int], cell: int, digit: int) -> bool:
     """Does ``puzzle`` have a solution with ``puzzle[cell] != digit``? (cell must be blank)."""
     s = _Search(list(puzzle), 1, {cell: 1 << (digit - 1)})
@@ -276,34 +267,15 @@ def generate_puzzles(
     disjoint streams, e.g. train and test); ``min_rating`` rejects easier ones (rating = guesses)."""
     jobs = [(int(seed), start + i, int(min_rating)) for i in range(n)]
     workers = min(workers, max(1, n // 16))  # a process pool costs ~1 s to start
+    bar = dict(total=n, desc="generate", unit="puzzle", disable=not progress)
     if workers > 1:
         import multiprocessing as mp
 
         with mp.get_context("spawn").Pool(workers) as pool:
-            it = pool.imap(_generate_one, jobs, chunksize=8)
-            results = list(_progress(it, n, progress))
+            results = list(tqdm(pool.imap(_generate_one, jobs, chunksize=8), **bar))
     else:
-        results = list(_progress(map(_generate_one, jobs), n, progress))
+        results = list(tqdm(map(_generate_one, jobs), **bar))
     puzzles = np.array([r[0] for r in results], dtype=np.uint8).reshape(n, 81)
     solutions = np.array([r[1] for r in results], dtype=np.uint8).reshape(n, 81)
     ratings = np.array([r[2] for r in results], dtype=np.int64)
     return puzzles, solutions, ratings
-
-
-def _progress(it, total: int, enabled: bool):
-    if not enabled:
-        return it
-    from tqdm import tqdm
-
-    return tqdm(it, total=total, desc="generate", unit="puzzle")
-
-
-def check_puzzle(puzzle: Sequence[int], solution: Sequence[int]) -> None:
-    """Raise ValueError unless ``solution`` is a valid full grid that agrees with every given of
-    ``puzzle`` (the property every augmented puzzle must keep)."""
-    p, s = to_grid(puzzle), to_grid(solution)
-    if not is_valid_solution(s):
-        raise ValueError("solution breaks a row, column or box constraint")
-    bad = [c for c in range(81) if p[c] and p[c] != s[c]]
-    if bad:
-        raise ValueError(f"puzzle givens disagree with the solution at cells {bad[:5]}")

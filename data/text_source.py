@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from data.process_rows import process_rows
+
 if TYPE_CHECKING:  # imported inside the Grain functions: bin writers stay light
     import grain
 
@@ -187,23 +189,6 @@ class TokenWindows:
         return f"TokenWindows(path={self.path!r}, block_size={self.block_size})"
 
 
-def _process_slice(global_batch_size: int, process_index, process_count) -> tuple[int, int]:
-    if process_index is None or process_count is None:
-        import jax
-
-        process_index = jax.process_index() if process_index is None else process_index
-        process_count = jax.process_count() if process_count is None else process_count
-    if global_batch_size % process_count:
-        raise ValueError(
-            f"global_batch_size={global_batch_size} is not divisible by "
-            f"process_count={process_count}"
-        )
-    if not 0 <= process_index < process_count:
-        raise ValueError(f"process_index={process_index} outside [0, {process_count})")
-    local = global_batch_size // process_count
-    return process_index * local, (process_index + 1) * local
-
-
 class _DrawBatch:
     """Batch index -> this process's rows of the global batch drawn for it."""
 
@@ -233,7 +218,7 @@ def train_dataset(
     `it = iter(ds)`; `it.get_state()` / `it.set_state(state)` resume exactly."""
     import grain
 
-    lo, hi = _process_slice(global_batch_size, process_index, process_count)
+    lo, hi = process_rows(global_batch_size, process_index, process_count)
     draw = _DrawBatch(TokenWindows(path, block_size), seed, global_batch_size, lo, hi)
     ds = grain.MapDataset.range(num_batches if num_batches is not None else 2**62)
     return ds.map(draw).to_iter_dataset()

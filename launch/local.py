@@ -10,6 +10,9 @@ passes to `jax.distributed.initialize`) and gloo CPU collectives, so the multi-h
 (per-process data slices, global arrays, one shared checkpoint, process-0-only logging) run exactly
 as on an 8-host TPU slice, just smaller. Output lines are prefixed with the process id; if one
 process fails the others are terminated, since the survivors would wait forever in a collective.
+
+The project's one local launcher: `run` is the CLI's, `run_processes` runs any command the same
+way and returns each process's output (the multi-process tests read per-process logs from it).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 
 
@@ -61,6 +65,29 @@ def process_env(
     return env
 
 
+def process_envs(
+    base: dict[str, str], processes: int, cpu_devices: int | None, platform: str | None
+) -> list[dict[str, str]]:
+    """The environments of a run's processes, in process order (several: CPU devices, one
+    coordinator on a free port)."""
+    if processes < 1:
+        raise ValueError(f"--processes must be >= 1, got {processes}")
+    if processes > 1 and platform not in (None, "cpu"):
+        raise ValueError("--processes > 1 stands in for hosts with CPU devices: use --platform cpu")
+    port = free_port() if processes > 1 else None
+    return [
+        process_env(
+            base,
+            process_id=pid,
+            num_processes=processes,
+            port=port,
+            cpu_devices=cpu_devices,
+            platform="cpu" if processes > 1 else platform,
+        )
+        for pid in range(processes)
+    ]
+
+
 def commands(overrides: Sequence[str], python: str = sys.executable) -> list[str]:
     for o in overrides:
         if o.startswith("-"):
@@ -71,10 +98,83 @@ def commands(overrides: Sequence[str], python: str = sys.executable) -> list[str
     return [python, "-m", "train.main", *overrides]
 
 
-def _pump(stream, prefix: str, out) -> None:
+def _pump(stream, prefix: str, out, kept: list[str]) -> None:
     for line in iter(stream.readline, ""):
-        out.write(prefix + line)
-        out.flush()
+        kept.append(line)
+        if out is not None:
+            out.write(prefix + line)
+            out.flush()
+
+
+def run_processes(
+    cmd: Sequence[str],
+    *,
+    processes: int = 1,
+    cpu_devices: int | None = None,
+    platform: str | None = None,
+    timeout: float | None = None,
+    cwd: str | None = None,
+    echo: bool = True,
+) -> tuple[int, list[tuple[int, str]]]:
+    """Runs `cmd` in `processes` local processes; -> (status, [(returncode, output)] in process
+    order). `status` is the first non-zero exit code, 124 when the timeout passed, else 0.
+
+    Each output is read by a thread as it comes (and, with `echo`, written to stdout with a
+    `[pN] ` prefix when there are several), so a chatty process never blocks on a full pipe. When
+    one process fails the others are terminated, and killed 10 s later: a survivor would wait
+    forever in its next collective.
+    """
+    procs, outputs = [], [[] for _ in range(processes)]
+    for env in process_envs(dict(os.environ), processes, cpu_devices, platform):
+        procs.append(
+            subprocess.Popen(
+                list(cmd),
+                env=env,
+                cwd=cwd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    out = sys.stdout if echo else None
+    pumps = [
+        threading.Thread(
+            target=_pump,
+            args=(p.stdout, f"[p{i}] " if processes > 1 else "", out, outputs[i]),
+        )
+        for i, p in enumerate(procs)
+    ]
+    for t in pumps:
+        t.start()
+    status, start, kill_at = 0, time.monotonic(), None
+    try:
+        remaining = list(procs)
+        while remaining:
+            for p in list(remaining):
+                try:
+                    code = p.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    continue
+                remaining.remove(p)
+                if code != 0 and status == 0:
+                    status = code
+                    for other in remaining:  # a lone survivor would hang in its next collective
+                        other.terminate()
+                    kill_at = time.monotonic() + 10
+            now = time.monotonic()
+            if remaining and timeout is not None and now - start > timeout:
+                status = status or 124
+                break
+            if remaining and kill_at is not None and now > kill_at:
+                break
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        for t in pumps:
+            t.join()
+    return status, [(p.returncode, "".join(o)) for p, o in zip(procs, outputs)]
 
 
 def run(
@@ -85,66 +185,16 @@ def run(
     platform: str | None = None,
     timeout: float | None = None,
 ) -> int:
-    """Starts the processes, streams their output, returns the first non-zero exit code (or 0)."""
-    if processes < 1:
-        raise ValueError(f"--processes must be >= 1, got {processes}")
-    if processes > 1 and platform not in (None, "cpu"):
-        raise ValueError("--processes > 1 stands in for hosts with CPU devices: use --platform cpu")
-    if processes > 1:
-        platform = "cpu"
-    cmd = commands(overrides)
-    port = free_port() if processes > 1 else None
-    procs = []
-    for pid in range(processes):
-        env = process_env(
-            dict(os.environ),
-            process_id=pid,
-            num_processes=processes,
-            port=port,
-            cpu_devices=cpu_devices,
-            platform=platform,
-        )
-        procs.append(
-            subprocess.Popen(
-                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
-        )
-    pumps = [
-        threading.Thread(
-            target=_pump, args=(p.stdout, f"[p{i}] " if processes > 1 else "", sys.stdout)
-        )
-        for i, p in enumerate(procs)
-    ]
-    for t in pumps:
-        t.start()
-    rc = 0
-    try:
-        remaining = list(procs)
-        while remaining:
-            for p in list(remaining):
-                try:
-                    code = p.wait(timeout=0.2)
-                except subprocess.TimeoutExpired:
-                    continue
-                remaining.remove(p)
-                if code != 0 and rc == 0:
-                    rc = code
-                    for other in remaining:  # a lone survivor would hang in its next collective
-                        other.terminate()
-            if timeout is not None:
-                timeout -= 0.2
-                if timeout <= 0:
-                    for p in remaining:
-                        p.kill()
-                    rc = rc or 124
-                    break
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for t in pumps:
-            t.join()
-    return rc
+    """`python -m train.main <overrides>` in the processes; streams their output, returns the
+    first non-zero exit code (124 on timeout, else 0)."""
+    status, _ = run_processes(
+        commands(overrides),
+        processes=processes,
+        cpu_devices=cpu_devices,
+        platform=platform,
+        timeout=timeout,
+    )
+    return status
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -158,16 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cmd = commands(args.overrides)
         if args.dry_run:
-            port = free_port() if args.processes > 1 else None
-            for pid in range(args.processes):
-                env = process_env(
-                    {},
-                    process_id=pid,
-                    num_processes=args.processes,
-                    port=port,
-                    cpu_devices=args.cpu_devices,
-                    platform="cpu" if args.processes > 1 else args.platform,
-                )
+            for env in process_envs({}, args.processes, args.cpu_devices, args.platform):
                 print(shlex.join(["env", *(f"{k}={v}" for k, v in sorted(env.items())), *cmd]))
             return 0
         return run(

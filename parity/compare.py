@@ -18,6 +18,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from models.state_dict import to_numpy
+
 
 @dataclasses.dataclass(frozen=True)
 class Tolerance:
@@ -87,15 +89,6 @@ AS_TORCH_BFLOAT16 = ReferenceBound(
 )
 
 
-def _to_numpy(x) -> np.ndarray:
-    if hasattr(x, "detach"):  # torch.Tensor, without importing torch
-        x = x.detach().cpu()
-        if str(x.dtype) == "torch.bfloat16":
-            x = x.float()
-        return x.numpy()
-    return np.asarray(x)
-
-
 @dataclasses.dataclass
 class Comparison:
     name: str
@@ -130,8 +123,8 @@ class Comparison:
 
 def compare(name: str, actual, expected, tol: Tolerance) -> Comparison:
     """Compare two arrays (numpy, JAX or torch) and return the full report without raising."""
-    a = _to_numpy(actual)
-    e = _to_numpy(expected)
+    a = to_numpy(actual)
+    e = to_numpy(expected)
     if a.shape != e.shape:
         raise AssertionError(f"{name}: shape mismatch, actual {a.shape} vs expected {e.shape}")
     if a.dtype == bool or np.issubdtype(a.dtype, np.integer):
@@ -227,7 +220,7 @@ def compare_to_reference(
 ) -> ReferenceComparison:
     """`actual` (the port) and `reference` (the reference implementation, same precision) both
     against `exact` (the reference implementation in float64), under `bound`."""
-    a, r, e = (_to_numpy(x).astype(np.float64) for x in (actual, reference, exact))
+    a, r, e = (to_numpy(x).astype(np.float64) for x in (actual, reference, exact))
     if not (a.shape == r.shape == e.shape):
         raise AssertionError(f"{name}: shape mismatch {a.shape} / {r.shape} / {e.shape}")
     if a.size == 0:

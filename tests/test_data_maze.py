@@ -115,12 +115,18 @@ def test_upstream_fixture_rebuilds_identically(fixture_dir, tmp_path):
     assert loaded.all.labels.dtype == np.int32 and not (loaded.all.labels == 0).any()
 
 
-def test_csv_source_and_augmentation(fixture_rows, tmp_path):
-    x, y = fixture_rows
+def _csv_source(tmp_path, x, y):
+    """A --source folder: the first 4 fixture mazes as train.csv, the rest as test.csv."""
     src = tmp_path / "csv"
     src.mkdir()
     _write_csv(src / "train.csv", x[:4], y[:4])
     _write_csv(src / "test.csv", x[4:], y[4:])
+    return src
+
+
+def test_csv_source_and_augmentation(fixture_rows, tmp_path):
+    x, y = fixture_rows
+    src = _csv_source(tmp_path, x, y)
     maze.build(tmp_path / "plain", source=src)
     train = load_split(tmp_path / "plain", "train", raw=True).all
     np.testing.assert_array_equal(train.inputs, x[:4])
@@ -233,10 +239,7 @@ def test_built_maze_through_the_grain_puzzle_sources(fixture_rows, tmp_path):
     from data.puzzle_source import PuzzleTestDataset, PuzzleTrainDataset
 
     x, y = fixture_rows
-    src = tmp_path / "csv"
-    src.mkdir()
-    _write_csv(src / "train.csv", x[:4], y[:4])
-    _write_csv(src / "test.csv", x[4:], y[4:])
+    src = _csv_source(tmp_path, x, y)
     maze.build(tmp_path / "aug", source=src, aug=True)
     # Test batches: storage order, labels with ignore 0 -> -100 (never happens: every cell is
     # labelled in Maze), padded last batch.

@@ -1,4 +1,5 @@
-"""data.sudoku + data.sudoku_solver: solver, generator, augmentation, builder from every source."""
+"""data.sudoku + data.sudoku_sources + data.sudoku_solver: solver, generator, augmentation, builder
+from every source."""
 
 from __future__ import annotations
 
@@ -9,16 +10,10 @@ import pathlib
 import numpy as np
 import pytest
 
-from data import sudoku
+from data import sudoku, sudoku_sources
 from data.puzzle_format import FIELDS, load_split
 from data.puzzle_source import PuzzleTestDataset, PuzzleTrainDataset
-from data.sudoku_solver import (
-    check_puzzle,
-    count_solutions,
-    generate_puzzles,
-    is_valid_solution,
-    solve,
-)
+from data.sudoku_solver import count_solutions, generate_puzzles, solve
 
 SEED = 11
 
@@ -56,7 +51,10 @@ def test_count_solutions_zero_one_many(generated):
         d for d in range(1, 10) if d != solutions[0][blank] and _consistent(dead, blank, d)
     )
     assert count_solutions(dead) == 0
-    assert not is_valid_solution(clash) and is_valid_solution(solutions[0])
+    # the builder's check (data.sudoku.check_sudoku_pairs) refuses the clash, accepts the grid
+    with pytest.raises(ValueError):
+        sudoku.check_sudoku_pairs(np.zeros((1, 81), np.uint8), clash[None])
+    sudoku.check_sudoku_pairs(solutions[:1], solutions[:1])
 
 
 def _consistent(grid, cell, d):
@@ -74,7 +72,7 @@ def test_generated_puzzles_are_unique_minimal_and_seeded(generated):
         result = solve(p, limit=2)
         assert result.num_solutions == 1
         np.testing.assert_array_equal(result.solution, s)
-        check_puzzle(p, s)
+    sudoku.check_sudoku_pairs(puzzles, solutions)
     # minimal: removing any one given of the first puzzle admits a second solution
     p = puzzles[0].copy()
     for cell in np.flatnonzero(p):
@@ -218,15 +216,15 @@ def test_csv_errors_name_file_and_line(tmp_path):
     path = tmp_path / "train.csv"
     path.write_text("source,question,answer,rating\nx," + "." * 80 + "," + "1" * 81 + ",3\n")
     with pytest.raises(ValueError, match=r"train.csv:2: question/answer must have 81"):
-        sudoku.read_sudoku_csv(str(path))
+        sudoku_sources.read_sudoku_csv(str(path))
     path.write_text("source,question,answer,rating\nx," + "." * 81 + "," + "0" * 81 + ",3\n")
     with pytest.raises(ValueError, match=r"train.csv:2: question must be"):
-        sudoku.read_sudoku_csv(str(path))
+        sudoku_sources.read_sudoku_csv(str(path))
 
 
 def test_min_difficulty_filters_csv_rating(tmp_path, generated):
     puzzles, solutions, _ = generated
-    records = sudoku.SudokuRecords(puzzles, solutions, np.arange(12.0))
+    records = sudoku_sources.SudokuRecords(puzzles, solutions, np.arange(12.0))
     summary = sudoku.build_sudoku(tmp_path / "d", records, None, min_difficulty=9)
     assert summary["train"]["groups"] == 3 and "test" not in summary
     with pytest.raises(ValueError, match="no puzzles left"):
@@ -238,12 +236,12 @@ def test_download_uses_urllib_and_explains_offline(tmp_path, monkeypatch, genera
     src.mkdir()
     _write_csv(src / "train.csv", *generated)
     # The real download code, pointed at a file:// URL instead of the hub.
-    monkeypatch.setattr(sudoku, "HF_URL", src.as_uri() + "/{file}")
-    path = sudoku.download_sudoku_csv("train", str(tmp_path / "cache"), progress=False)
+    monkeypatch.setattr(sudoku_sources, "HF_URL", src.as_uri() + "/{file}")
+    path = sudoku_sources.download_sudoku_csv("train", str(tmp_path / "cache"), progress=False)
     assert pathlib.Path(path).read_bytes() == (src / "train.csv").read_bytes()
-    assert len(sudoku.read_sudoku_csv(path)) == 12
+    assert len(sudoku_sources.read_sudoku_csv(path)) == 12
     with pytest.raises(RuntimeError, match="(?i)offline.*--generate"):
-        sudoku.download_sudoku_csv("test", str(tmp_path / "cache"), progress=False)
+        sudoku_sources.download_sudoku_csv("test", str(tmp_path / "cache"), progress=False)
     assert os.listdir(tmp_path / "cache") == ["train.csv"], "no partial file left"
 
 
@@ -252,7 +250,7 @@ def test_build_from_an_upstream_layout_folder(tmp_path, generated):
     # test_rebuilding_the_upstream_copy_reproduces_its_files reads upstream's own files).
     puzzles, solutions, ratings = generated
     src = tmp_path / "upstream"
-    sudoku.build_sudoku(str(src), sudoku.SudokuRecords(puzzles, solutions, ratings), None)
+    sudoku.build_sudoku(str(src), sudoku_sources.SudokuRecords(puzzles, solutions, ratings), None)
     out = tmp_path / "up"
     summary = sudoku.main(
         [
@@ -300,8 +298,8 @@ def test_generate_cli_and_help(tmp_path, capsys):
     assert not any((train.inputs == row).all(1).any() for row in test.inputs), (
         "test puzzles leak into train"
     )
-    # The Python API the demo calls builds the very same files.
-    sudoku.build_generated_sudoku(tmp_path / "api", 4, 2, num_aug=1, seed=0)
+    # The Python API builds the very same files.
+    sudoku.build_sudoku(tmp_path / "api", *sudoku_sources.generated_splits(4, 2, 0), num_aug=1)
     for split in ("train", "test"):
         for field in FIELDS:
             name = f"{split}/all__{field}.npy"

@@ -233,11 +233,11 @@ def test_shakespeare_download_path_through_a_file_url(tmp_path):
 
 
 def test_synthetic_text_is_the_same_everywhere(tmp_path):
-    """train.testing.synthetic_text stands in for tiny-shakespeare in the trainer and bench tests;
+    """tests.helpers.synthetic_text stands in for tiny-shakespeare in the trainer and bench tests;
     its hash is pinned so every clone trains on the same characters."""
     import hashlib
 
-    from train.testing import build_tiny_text, synthetic_text
+    from tests.helpers import build_tiny_text, synthetic_text
 
     text = synthetic_text()
     assert len(text) == 60_000 and len(set(text)) == 47

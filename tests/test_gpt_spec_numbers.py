@@ -11,19 +11,12 @@ import pytest
 import torch
 from flax import nnx
 
-from models.gpt import (
-    GPT,
-    PEAK_FLOPS,
-    GPTConfig,
-    estimate_mfu,
-    flops_per_token,
-    get_lr,
-    get_num_params,
-    preset,
-)
+from models.gpt import GPT, GPTConfig, get_lr, get_num_params, preset
 from models.gpt.train_step import lr_schedule
 from parity import gpt_torch, report_gpt
 from parity.compare import FLOAT32, FLOAT64, assert_close
+from train.flops import estimate_mfu, peak_flops_for
+from train.flops import gpt_flops_per_token as flops_per_token
 
 # nanoGPT's get_num_params: (non-embedding, total) parameters
 COUNTS = {
@@ -64,7 +57,7 @@ def test_estimate_mfu_matches_torch_reference_and_presets():
     assert estimate_mfu(preset("shakespeare_char"), 64, 0.1, "H100") == pytest.approx(
         mfu * 312e12 / 989e12, rel=1e-15
     )
-    assert PEAK_FLOPS["TPUv4"] == 275e12
+    assert peak_flops_for("TPUv4") == 275e12
     assert estimate_mfu(preset("shakespeare_char"), 64, 0.1, 1e15) == pytest.approx(
         mfu * 312e12 / 1e15, rel=1e-15
     )

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from launch import local
+from tests.helpers import run_overrides
 
 
 def test_process_env_for_two_fake_hosts():
@@ -64,21 +65,26 @@ def test_a_failing_process_stops_its_sibling(monkeypatch, capsys):
     assert "[p1] hello from 1" in out
 
 
+def test_run_processes_returns_each_output_and_times_out():
+    """The same supervisor for any command: outputs come back per process, in process order."""
+    hello = "import os; print('hello from', os.environ['JAX_PROCESS_ID'])"
+    status, results = local.run_processes(
+        [sys.executable, "-c", hello], processes=2, cpu_devices=1, echo=False
+    )
+    assert status == 0
+    assert results == [(0, "hello from 0\n"), (0, "hello from 1\n")]
+    status, results = local.run_processes(
+        [sys.executable, "-c", "import time; time.sleep(60)"], timeout=1, echo=False
+    )
+    assert status == 124 and results[0][0] != 0
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_two_local_processes_train_and_rerun_resumes(tmp_path, capsys):
     """The launcher's real job: 2 processes x 4 CPU devices stand in for 2 hosts; running the
     same command again with a later stop resumes from the checkpoint instead of starting over."""
-    common = [
-        "+experiment=trm_sudoku_tiny",
-        f"data.path={tmp_path / 'data'}",
-        f"run.out_dir={tmp_path / 'runs'}",
-        "run.name=local2",
-        "logging.wandb=disabled",
-        "trainer.progress_bar=false",
-        "trainer.log_interval=1",
-        "run.compilation_cache_dir=null",  # tests never write into the user's ~/.cache
-    ]
+    common = run_overrides("trm_sudoku_tiny", tmp_path / "data", tmp_path / "runs", "local2", None)
     assert local.run([*common, "trainer.max_steps=2"], processes=2, cpu_devices=4, timeout=900) == 0
     first = capsys.readouterr().out
     assert "[p0]" in first and "[p1]" in first

@@ -10,9 +10,9 @@ import jax
 import pytest
 
 from parity.compare import EXACT, FLOAT32, assert_close
+from tests.helpers import build_tiny_text, losses, tiny_gpt_overrides
 from train.compose import load_config
 from train.mesh import make_mesh
-from train.testing import build_tiny_text, losses, tiny_gpt_overrides
 from train.trainer import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -20,7 +20,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture(scope="module")
 def text_dir(tmp_path_factory):
-    """A char-level data set built by data.shakespeare_char from train.testing.synthetic_text:
+    """A char-level data set built by data.shakespeare_char from tests.helpers.synthetic_text:
     what these tests check (sharding, resume, export) does not depend on the text."""
     return build_tiny_text(str(tmp_path_factory.mktemp("synthetic_char")))
 

@@ -14,11 +14,11 @@ import sys
 import pytest
 
 from parity.compare import EXACT, FLOAT32, assert_close
-from train.launch import run_local_processes
-from train.testing import (
+from tests.helpers import (
     build_tiny_sudoku,
     compilation_cache_counts,
     losses,
+    run_local,
     tiny_trm_overrides,
 )
 
@@ -32,20 +32,15 @@ def test_two_processes_match_one_process_with_8_devices(tmp_path):
     out, cache = str(tmp_path / "runs"), str(tmp_path / "xla_cache")
     # min 0 s: every program is written, so a rerun must load ALL of them
     cmd = [sys.executable, "-m", "train.main", "run.compilation_cache_min_compile_secs=0"]
-    run_local_processes(
-        cmd + tiny_trm_overrides(data, out, "one_process", cache_dir=cache),
-        num_processes=1,
-        devices_per_process=8,
-        timeout=400,
-        cwd=REPO,
-    )
-    first = run_local_processes(
-        cmd + tiny_trm_overrides(data, out, "two_processes", cache_dir=cache),
-        num_processes=2,
-        devices_per_process=4,
-        timeout=400,
-        cwd=REPO,
-    )
+
+    def train(name: str, processes: int):
+        overrides = tiny_trm_overrides(data, out, name, cache_dir=cache)
+        return run_local(
+            cmd + overrides, processes=processes, cpu_devices=8 // processes, timeout=400, cwd=REPO
+        )
+
+    train("one_process", 1)
+    first = train("two_processes", 2)
     one = losses(os.path.join(out, "one_process"), "train/lm_loss")
     two = losses(os.path.join(out, "two_processes"), "train/lm_loss")
     assert sorted(one) == sorted(two) == [1, 2, 3, 4]
@@ -70,13 +65,7 @@ def test_two_processes_match_one_process_with_8_devices(tmp_path):
     # ...and the same job again loads every program on process 0 and computes exactly what the
     # first did. Process 1 compiles its own: on the CPU backend the cache key hashes a topology
     # fingerprint that differs per process (jax 0.10.2; docs/training.md, "Compilation cache").
-    again = run_local_processes(
-        cmd + tiny_trm_overrides(data, out, "again", cache_dir=cache),
-        num_processes=2,
-        devices_per_process=4,
-        timeout=400,
-        cwd=REPO,
-    )
+    again = train("again", 2)
     s0, s1 = (compilation_cache_counts(output) for _, output in again)
     assert s0["requests"] > 0 and s0["hits"] == s0["requests"], (s0, stats)
     assert s1["requests"] > 0 and s1["writes"] == 0, (s1, stats)

@@ -8,27 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.trm import TRM, TRMConfig, act_loss
+from models.trm import TRM, act_loss
+from parity.report_trm import tiny_config
 
-CFG = TRMConfig(
-    batch_size=16,
-    seq_len=8,
-    puzzle_emb_ndim=32,
-    num_puzzle_identifiers=2,
-    vocab_size=5,
-    H_cycles=1,
-    L_cycles=1,
-    L_layers=1,
-    hidden_size=32,
-    expansion=1,
-    num_heads=2,
-    puzzle_emb_len=2,
-    forward_dtype="float32",
-    mlp_t=True,
-    pos_encodings="none",
-    halt_max_steps=8,
-    halt_exploration_prob=0.0,
-)
+# parity.report_trm's tiny mlp_t config: 16 rows (per-row draws), at most 8 ACT steps, and no
+# exploration unless a test asks for it.
+CFG = tiny_config("mlp_t", batch_size=16, halt_max_steps=8, halt_exploration_prob=0.0)
 
 
 def _batch(seed, cfg=CFG):

@@ -11,23 +11,18 @@ from flax import nnx
 from models.trm import TRM, TRMConfig, act_loss
 from models.trm.layers import Attention, resolve_attention_impl, rope_tables
 from parity.compare import BFLOAT16, EXACT, FLOAT32, assert_all_close
+from parity.report_trm import tiny_config
 
-# head_dim 64 (the Sudoku/ARC configs' 512 / 8) so the gpu test runs what cuDNN will see.
+# parity.report_trm's tiny attention config at head_dim 64 (the Sudoku/ARC configs' 512 / 8), so
+# the gpu test runs what cuDNN will see.
 BASE = dict(
     batch_size=2,
-    seq_len=16,
     puzzle_emb_ndim=128,
     num_puzzle_identifiers=3,
-    vocab_size=11,
-    H_cycles=2,
-    L_cycles=2,
     L_layers=1,
     hidden_size=128,
-    expansion=2,
     num_heads=2,
     puzzle_emb_len=2,
-    pos_encodings="rope",
-    mlp_t=False,
 )
 
 
@@ -44,7 +39,7 @@ def _batch(cfg):
 def _step(impl, dtype, grads=True, **over):
     """One ACT step of the whole model: [(name, value)] of the loss, the outputs and (grads=True)
     the gradient of every parameter. Same weights for every impl (no attention parameters added)."""
-    cfg = TRMConfig(**{**BASE, **over}, forward_dtype=dtype, attention_impl=impl)
+    cfg = tiny_config("att", dtype, **{**BASE, **over}, attention_impl=impl)
     model = TRM(cfg, rngs=nnx.Rngs(0))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     batch = _batch(cfg)
@@ -74,7 +69,7 @@ def test_xla_equals_explicit_float32_whole_model():
 
 
 def test_config_reaches_every_attention_layer_and_auto_is_explicit_on_cpu():
-    cfg = TRMConfig(**BASE, attention_impl="xla")
+    cfg = tiny_config("att", **BASE, attention_impl="xla")
     assert TRM(cfg, rngs=nnx.Rngs(0)).inner.L_level.layers[0].self_attn.attention_impl == "xla"
     assert TRMConfig().attention_impl == "auto"
     if jax.default_backend() != "gpu":

@@ -12,28 +12,12 @@ from jax.extend.core import jaxprs_in_params
 
 from models.trm import TRM, act_loss
 from parity.compare import FLOAT64, assert_all_close
+from parity.report_trm import tiny_config
 
 
-def _cfg(**kw):
-    from models.trm import TRMConfig
-
-    base = dict(
-        batch_size=4,
-        seq_len=16,
-        puzzle_emb_ndim=64,
-        num_puzzle_identifiers=3,
-        vocab_size=11,
-        H_cycles=2,
-        L_cycles=3,
-        L_layers=2,
-        hidden_size=64,
-        expansion=2,
-        num_heads=4,
-        puzzle_emb_len=4,
-        forward_dtype="float32",
-    )
-    base.update(kw)
-    return TRMConfig(**base)
+def _cfg(forward_dtype="float32", **kw):
+    """parity.report_trm's tiny attention config with 3 L cycles (and 3 puzzle ids)."""
+    return tiny_config("att", forward_dtype, **{"L_cycles": 3, "num_puzzle_identifiers": 3, **kw})
 
 
 def _batch(cfg):

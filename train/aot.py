@@ -38,6 +38,7 @@ from jax.experimental import topologies
 
 from train import mesh as mesh_lib
 from train.compose import load_config
+from train.flops import peak_flops_for
 from train.step import build_train_step, enable_x64_if_needed, make_task
 
 GiB = 2**30
@@ -51,7 +52,6 @@ TOPOLOGIES = {
     "v4-128": dict(topology_name="v4:4x4x4", wrap=(True, True, True)),
 }
 V4_HBM_BYTES = 32 * GiB
-V4_PEAK_FLOPS = 275e12  # bf16 per chip
 
 COLLECTIVE_KINDS = (
     "all-reduce",
@@ -282,7 +282,7 @@ def aot_compile(
         mesh=mesh,
         flops_per_step=task.flops_per_step,
         hbm_bytes=hbm_bytes,
-        peak_flops_per_device=V4_PEAK_FLOPS,
+        peak_flops_per_device=peak_flops_for("TPU v4"),
         lower_seconds=t_lower,
         compile_seconds=t_compile,
     )

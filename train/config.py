@@ -70,16 +70,9 @@ class MeshConfig:
     # fsdp: each param is split over the fsdp axis along its largest divisible dimension.
     param_sharding: str = "replicate"
     # Logical axis -> mesh axes, first match wins (MaxText style). `batch` shards the global batch
-    # and the TRM carry.
-    rules: list[Any] = field(
-        default_factory=lambda: [
-            ["batch", ["data", "fsdp"]],
-            ["embed", "fsdp"],
-            ["mlp", "tensor"],
-            ["heads", "tensor"],
-            ["vocab", "tensor"],
-        ]
-    )
+    # and the TRM carry; it is the only logical axis the trainer reads (params follow
+    # param_sharding).
+    rules: list[Any] = field(default_factory=lambda: [["batch", ["data", "fsdp"]]])
 
 
 @dataclass

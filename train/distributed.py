@@ -4,7 +4,7 @@
   worker's id from the GCE metadata server (set TRAIN_DISTRIBUTED=1 or run on a TPU VM with >1
   worker; `launch/` does this).
 - Local multi-process tests: JAX_COORDINATOR_ADDRESS=127.0.0.1:PORT, JAX_NUM_PROCESSES,
-  JAX_PROCESS_ID (train/launch.py sets them).
+  JAX_PROCESS_ID (launch/local.py sets them).
 - Anything else: single process, nothing to do.
 Orbax barriers and multihost_utils need the distributed client even where collectives do not.
 """

@@ -22,9 +22,10 @@ from omegaconf import OmegaConf
 
 from data.shakespeare_char import build as build_shakespeare_char
 from data.text_source import eval_dataset, read_meta, train_dataset
-from models.gpt import GPT, GPTConfig, flops_per_token, from_torch_file, generate, to_torch
+from models.gpt import GPT, GPTConfig, from_torch_file, generate, to_torch
 from models.gpt.train_step import configure_optimizers, lr_schedule, train_step
 from train.config import ConfigError, build_dataclass
+from train.flops import gpt_flops_per_step
 from train.task import Task, sync_processes
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ class GPTTask(Task):
         self.block = self.model_cfg.block_size
         self.total_steps = int(t.total_steps) or self.optim.max_iters + 1
         self.items_per_step = self.accum * self.batch * self.block
-        self.flops_per_step = float(flops_per_token(self.model_cfg)) * self.items_per_step
+        self.flops_per_step = gpt_flops_per_step(self.model_cfg, self.batch, self.accum)
         self._eval_fn = None
         self._setup()
         model, optimizer = nnx.merge(self.graphdef, self.abstract_state)  # shapes only

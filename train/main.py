@@ -2,7 +2,7 @@
 
 Kept short on purpose (Flax examples/gemma style): distributed init, config, compilation cache,
 mesh, one call into the trainer. Environment for multi-process runs: JAX_COORDINATOR_ADDRESS,
-JAX_NUM_PROCESSES and JAX_PROCESS_ID (local tests, train/launch.py); on Cloud TPU none are needed.
+JAX_NUM_PROCESSES and JAX_PROCESS_ID (local runs and tests, launch/local.py); on Cloud TPU none are needed.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 
 import jax
-import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 AXES = ("data", "fsdp", "tensor")
@@ -62,16 +61,6 @@ def batch_spec(rules, ndim: int) -> PartitionSpec:
     return PartitionSpec(logical_to_mesh(rules, "batch"), *([None] * (ndim - 1)))
 
 
-def batch_sharding(mesh: Mesh, rules, ndim: int) -> NamedSharding:
-    return NamedSharding(mesh, batch_spec(rules, ndim))
-
-
-def _batch_axis_size(mesh: Mesh, rules) -> int:
-    axes = logical_to_mesh(rules, "batch")
-    axes = (axes,) if isinstance(axes, str) else axes or ()
-    return math.prod(mesh.shape[a] for a in axes)
-
-
 def param_spec(shape, mesh: Mesh, mode: str) -> PartitionSpec:
     """FSDP: split the largest dimension that `fsdp` divides; else (or if none divides) replicate.
 
@@ -111,29 +100,3 @@ def carry_shardings(abstract_carry, mesh: Mesh, rules, batch_size: int):
 
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
-
-
-def check_batch_divisible(mesh: Mesh, rules, global_batch: int, what="trainer.global_batch_size"):
-    n = _batch_axis_size(mesh, rules)
-    if global_batch % n:
-        raise ValueError(f"{what}={global_batch} is not divisible by the {n} batch shards")
-    per_process = global_batch // jax.process_count()
-    if global_batch % jax.process_count():
-        raise ValueError(
-            f"{what}={global_batch} is not divisible by {jax.process_count()} processes"
-        )
-    return per_process
-
-
-def global_batch(local_batch: dict, mesh: Mesh, rules) -> dict:
-    """Process-local numpy rows -> one global jax.Array per key, sharded over the batch axes.
-
-    Each process passes only ITS rows (global batch / process count, in process order); no process
-    ever materialises the whole batch (jax.make_array_from_process_local_data).
-    """
-    out = {}
-    for k, v in local_batch.items():
-        v = np.asarray(v)
-        sharding = batch_sharding(mesh, rules, v.ndim)
-        out[k] = jax.make_array_from_process_local_data(sharding, v)
-    return out

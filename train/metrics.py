@@ -17,7 +17,6 @@ import json
 import math
 import os
 import sys
-import time
 
 import jax
 import numpy as np
@@ -193,15 +192,3 @@ def _wandb_dir(run_dir, run_id: str) -> str:
     )
     os.makedirs(local, exist_ok=True)
     return local
-
-
-class StepTimer:
-    """Wall time per step measured between consecutive pushes (includes dispatch + wait)."""
-
-    def __init__(self):
-        self.t = None
-
-    def lap(self) -> float:
-        now = time.perf_counter()
-        dt, self.t = (None if self.t is None else now - self.t), now
-        return dt

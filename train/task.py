@@ -20,56 +20,14 @@ jax.Arrays (jit-able, donatable, checkpointable) and `step` is a pure function o
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from train import mesh as mesh_lib
-
-# Dense peak FLOP/s per device by jax device_kind (bf16 on accelerators). CPUs have no spec-sheet
-# number we can rely on: `peak_flops` measures an fp32 matmul instead (see there).
-PEAK_FLOPS = {
-    "TPU v4": 275e12,
-    "TPU v5 lite": 197e12,
-    "TPU v5e": 197e12,
-    "TPU v5p": 459e12,
-    "TPU v6 lite": 918e12,
-    "NVIDIA H100 80GB HBM3": 989e12,
-    "NVIDIA H200": 989e12,
-    "NVIDIA A100-SXM4-80GB": 312e12,
-    "NVIDIA A100-SXM4-40GB": 312e12,
-}
-
-_cpu_peak = None
-
-
-def peak_flops(device=None) -> float:
-    """Peak FLOP/s of one device: the table above, else (CPU) a measured fp32 matmul rate.
-
-    The CPU figure is what XLA's own best kernel reaches on a 1024^2 matmul, so CPU "MFU" reads as
-    "fraction of the best matmul throughput this machine showed", not of a datasheet peak.
-    """
-    global _cpu_peak
-    device = device or jax.devices()[0]
-    for kind, flops in PEAK_FLOPS.items():
-        if device.device_kind.startswith(kind):
-            return flops
-    if _cpu_peak is None:
-        n = 1024
-        a = jax.device_put(jnp.ones((n, n), jnp.float32), device)
-        f = jax.jit(lambda x: x @ x)
-        f(a).block_until_ready()
-        reps, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < 0.3:
-            f(a).block_until_ready()
-            reps += 1
-        _cpu_peak = 2 * n**3 * reps / (time.perf_counter() - t0)
-    return _cpu_peak
 
 
 def sync_processes(name: str) -> None:

@@ -24,8 +24,8 @@ from omegaconf import OmegaConf
 from train import step as step_lib
 from train.checkpoint import Checkpointer
 from train.config import ConfigError
+from train.flops import peak_flops
 from train.metrics import MetricLogger
-from train.task import peak_flops
 
 log = logging.getLogger(__name__)
 

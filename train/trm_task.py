@@ -35,7 +35,7 @@ from data.puzzle_format import load_metadata
 from data.puzzle_source import PuzzleTestDataset, PuzzleTrainDataset
 from models.state_dict import load_file
 from models.trm import TRM, TRMConfig
-from models.trm.loss import act_loss, normalize_metrics
+from models.trm.losses import act_loss, normalize_metrics
 from models.trm.optim import total_steps as schedule_steps
 from models.trm.params import from_torch, to_torch
 from models.trm.train_step import (

@@ -24,12 +24,9 @@ from models.gpt.modeling import (
 )
 from models.gpt.params import from_torch, from_torch_file, to_torch
 from models.gpt.train_step import (
-    PEAK_FLOPS,
     clip_by_global_norm,
     configure_optimizers,
     decay_mask,
-    estimate_mfu,
-    flops_per_token,
     get_lr,
     get_num_params,
     loss_and_grads,
@@ -43,14 +40,11 @@ __all__ = [
     "Block",
     "CausalSelfAttention",
     "MLP",
-    "PEAK_FLOPS",
     "clip_by_global_norm",
     "configure_optimizers",
     "crop_block_size",
     "cross_entropy",
     "decay_mask",
-    "estimate_mfu",
-    "flops_per_token",
     "from_torch",
     "from_torch_file",
     "generate",

@@ -26,7 +26,14 @@ import numpy as np
 from flax import nnx
 
 from models.gpt.modeling import GPT, GPTConfig
-from models.state_dict import COMPILE_PREFIX, StateDictError, check_keys, load_file, to_numpy
+from models.state_dict import (
+    COMPILE_PREFIX,
+    StateDictError,
+    check_keys,
+    load_file,
+    strip_prefix,
+    to_numpy,
+)
 
 _BUFFERS = (".attn.bias", ".attn.masked_bias")
 _LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
@@ -73,7 +80,7 @@ def _normalise(state_dict: Mapping, cfg: GPTConfig, layout: str) -> tuple[dict, 
     sd = state_dict
     if "model" in sd and isinstance(sd["model"], Mapping):  # nanoGPT ckpt.pt
         sd = sd["model"]
-    sd = {k[len(COMPILE_PREFIX) :] if k.startswith(COMPILE_PREFIX) else k: v for k, v in sd.items()}
+    sd = strip_prefix(sd, COMPILE_PREFIX)
     if not any(k.startswith("transformer.") for k in sd):  # HF GPT2Model: no prefix
         sd = {(k if k == "lm_head.weight" else "transformer." + k): v for k, v in sd.items()}
     sd = {k: v for k, v in sd.items() if not k.endswith(_BUFFERS)}

@@ -8,8 +8,9 @@ What nanoGPT's train.py does per iteration, and where it is here:
 - clip_grad_norm_(max_norm): coef = min(1, max_norm / (norm + 1e-6)) -> `clip_by_global_norm`
   (optax.clip_by_global_norm has no 1e-6);
 - optimizer.step()                                   -> `train_step` (nnx.Optimizer.update on the
-  merged (model, optimizer): (graphdef, state, batch) -> (state, metrics), as the TRM step);
-- estimate_mfu (6N + 12 L H Q T per token)           -> `flops_per_token`, `estimate_mfu`.
+  merged (model, optimizer): (graphdef, state, batch) -> (state, metrics), as the TRM step).
+nanoGPT's estimate_mfu (6N + 12 L H Q T per token) is train/flops.py's `estimate_mfu`, beside the
+trainer's other FLOP counts.
 """
 
 from __future__ import annotations
@@ -24,16 +25,6 @@ import optax
 from flax import nnx
 
 from models.gpt.modeling import GPT, GPTConfig
-
-# Dense bf16 peak FLOP/s per device. nanoGPT hard-codes the A100's 312e12.
-PEAK_FLOPS = {
-    "A100": 312e12,
-    "H100": 989e12,
-    "TPUv3": 123e12,
-    "TPUv4": 275e12,
-    "TPUv5e": 197e12,
-    "TPUv6e": 918e12,
-}
 
 
 def get_lr(it, *, learning_rate, warmup_iters, lr_decay_iters, min_lr):
@@ -178,27 +169,3 @@ def get_num_params(config: GPTConfig | GPT, non_embedding: bool = True) -> int:
     per_layer += (4 * C * C + b * 4 * C) + (4 * C * C + b * C)
     n = config.vocab_size * C + config.block_size * C + L * per_layer + ln
     return n - config.block_size * C if non_embedding else n
-
-
-def flops_per_token(config: GPTConfig | GPT) -> int:
-    """nanoGPT's (PaLM appendix B) cost: 6N + 12 L H Q T with T = config.block_size."""
-    config = _config(config)
-    N = get_num_params(config)
-    L, H, Q, T = config.n_layer, config.n_head, config.n_embd // config.n_head, config.block_size
-    return 6 * N + 12 * L * H * Q * T
-
-
-def estimate_mfu(
-    config: GPTConfig | GPT, fwdbwd_per_iter: int, dt: float, peak_flops=312e12
-) -> float:
-    """Model FLOPs utilisation: (flops_per_token * T * fwdbwd_per_iter / dt) / peak.
-
-    `peak_flops` is FLOP/s per device or a key of PEAK_FLOPS ('A100', 'H100', 'TPUv4', ...).
-    nanoGPT fixes it at the A100's 312e12 (hence MFU > 100% reported on H100).
-    """
-    config = _config(config)
-    if isinstance(peak_flops, str) and peak_flops not in PEAK_FLOPS:
-        raise KeyError(f"unknown peak_flops preset {peak_flops!r}; known: {sorted(PEAK_FLOPS)}")
-    peak = PEAK_FLOPS[peak_flops] if isinstance(peak_flops, str) else float(peak_flops)
-    flops_per_iter = flops_per_token(config) * config.block_size * fwdbwd_per_iter
-    return flops_per_iter / dt / peak

@@ -15,6 +15,13 @@ ARCHS = ("trm", "hrm", "trm_singlez", "trm_hier6", "transformers_baseline")
 REMAT_POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
 
 
+def swiglu_intermediate(width: int, expansion: float) -> int:
+    """Hidden width of upstream's SwiGLU over `width` features: round(expansion * width * 2/3)
+    with Python's round (banker's rounding, as upstream), rounded up to a multiple of 256. The
+    blocks' channel MLP uses width = hidden_size, the mlp_t token MLP width = total_len."""
+    return -(round(expansion * width * 2 / 3) // -256) * 256
+
+
 @dataclasses.dataclass(frozen=True)
 class TRMConfig:
     # Data fields (upstream fills them from dataset.json and the trainer); Sudoku-Extreme values.

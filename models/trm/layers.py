@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 
 from models.attention import ATTENTION_IMPLS, cuda_compute_capability, cudnn_unsupported
+from models.trm.config import swiglu_intermediate
 
 # Width of a truncated standard normal on [-2, 2]; dividing by it gives samples of std exactly
 # `std`, like upstream's trunc_normal_init_ (and Flax's variance_scaling constant).
@@ -71,10 +72,6 @@ def rms_norm(hidden_states, variance_epsilon: float):
     h = hidden_states.astype(compute_dtype(dtype))
     variance = jnp.mean(jnp.square(h), axis=-1, keepdims=True)
     return (h * jax.lax.rsqrt(variance + variance_epsilon)).astype(dtype)
-
-
-def _find_multiple(a: int, b: int) -> int:
-    return -(a // -b) * b
 
 
 def _rotate_half(x):
@@ -231,8 +228,7 @@ class Attention(nnx.Module):
 
 class SwiGLU(nnx.Module):
     def __init__(self, hidden_size: int, expansion: float, *, rngs: nnx.Rngs):
-        # Python round (banker's rounding), as upstream
-        inter = _find_multiple(round(expansion * hidden_size * 2 / 3), 256)
+        inter = swiglu_intermediate(hidden_size, expansion)  # upstream's _find_multiple rule
         self.gate_up_proj = CastedLinear(hidden_size, inter * 2, bias=False, rngs=rngs)
         self.down_proj = CastedLinear(inter, hidden_size, bias=False, rngs=rngs)
 

@@ -36,7 +36,7 @@ import optax
 from flax import nnx, struct
 
 from models.trm.layers import PuzzleTable
-from models.trm.loss import act_loss
+from models.trm.losses import act_loss
 from models.trm.optim import adam_atan2, ema_init, ema_update, sparse_sign_sgd, trm_lr
 
 

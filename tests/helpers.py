@@ -1,10 +1,14 @@
-"""Small helpers shared by the tests (tiny configs and data, reading a run's loss curve)."""
+"""Helpers shared by the tests: tiny trainer runs (overrides, offline data), reading a run's loss
+curve and log, starting local multi-process runs. Test code only: nothing in the product imports
+it, and the `python -m train.main` processes the tests start get their data built here first.
+"""
 
 from __future__ import annotations
 
 import os
 import re
 
+from launch.local import run_processes
 from train.metrics import read_jsonl
 
 # The line train.main logs at the end of a run (train/compilation_cache.py CacheStats.summary).
@@ -22,9 +26,20 @@ def compilation_cache_counts(output: str) -> dict[str, int]:
     return dict(zip(("hits", "misses", "requests", "writes"), map(int, found[0])))
 
 
-def _cache_override(cache_dir: str | None) -> str:
-    # Off unless a test asks for one: a test run must never write into the real ~/.cache.
-    return f"run.compilation_cache_dir={cache_dir or 'null'}"
+def run_overrides(experiment, data_dir, out_dir, name, cache_dir) -> list[str]:
+    """What every tiny test run sets: its experiment, folders, per-step logs, no wandb, no bar,
+    and the XLA compilation cache off unless a test asks for one (a test run must never write
+    into the real ~/.cache)."""
+    return [
+        f"+experiment={experiment}",
+        f"run.name={name}",
+        f"run.out_dir={out_dir}",
+        f"data.path={data_dir}",
+        "trainer.log_interval=1",
+        "trainer.progress_bar=false",
+        "logging.wandb=disabled",
+        f"run.compilation_cache_dir={cache_dir or 'null'}",
+    ]
 
 
 def tiny_gpt_overrides(
@@ -34,10 +49,7 @@ def tiny_gpt_overrides(
 
     `cache_dir`: the XLA compilation cache of `python -m train.main` runs (None = off)."""
     return [
-        "+experiment=gpt_shakespeare_char_tiny",
-        f"run.name={name}",
-        f"run.out_dir={out_dir}",
-        f"data.path={data_dir}",
+        *run_overrides("gpt_shakespeare_char_tiny", data_dir, out_dir, name, cache_dir),
         "data.sample_tokens=0",
         "model.n_layer=2",
         "model.n_head=2",
@@ -50,10 +62,6 @@ def tiny_gpt_overrides(
         "optim.warmup_iters=2",
         "trainer.eval_interval=0",
         "trainer.eval_iters=2",
-        "trainer.log_interval=1",
-        "trainer.progress_bar=false",
-        "logging.wandb=disabled",
-        _cache_override(cache_dir),
     ]
 
 
@@ -123,27 +131,37 @@ def tiny_trm_overrides(
 
     `cache_dir`: the XLA compilation cache of `python -m train.main` runs (None = off)."""
     return [
-        "+experiment=trm_sudoku_tiny",
-        f"run.name={name}",
-        f"run.out_dir={out_dir}",
-        f"data.path={data_dir}",
+        *run_overrides("trm_sudoku_tiny", data_dir, out_dir, name, cache_dir),
         "model.hidden_size=16",
         "model.puzzle_emb_ndim=16",
         "trainer.global_batch_size=16",
         f"trainer.epochs={epochs}",
         "data.eval_interval_epochs=1",
-        "trainer.log_interval=1",
-        "trainer.progress_bar=false",
         "optim.lr_warmup_steps=2",
-        "logging.wandb=disabled",
-        _cache_override(cache_dir),
     ]
 
 
 def build_tiny_sudoku(dest: str) -> str:
     """40 easy train grids (x2 augmentations) + 16 test grids, offline, in a few seconds."""
     if not os.path.exists(os.path.join(dest, "train", "dataset.json")):
-        from train.tiny_data import build_easy_sudoku
+        from data.sudoku_easy import build_easy_sudoku
 
         build_easy_sudoku(dest, train=40, test=16, blanks=8, num_aug=1, seed=0)
     return dest
+
+
+def run_local(cmd: list[str], *, processes: int, cpu_devices: int, timeout: float, cwd=None):
+    """`cmd` in `processes` local JAX processes of `cpu_devices` CPU devices each (launch.local,
+    gloo collectives): -> [(returncode, output)] in process order; raises with every process's
+    output tail when one fails or the timeout passes."""
+    status, results = run_processes(
+        cmd, processes=processes, cpu_devices=cpu_devices, platform="cpu", timeout=timeout,
+        cwd=cwd, echo=False,
+    )  # fmt: skip
+    if status:
+        tails = "\n".join(
+            f"--- process {i} (rc {rc}) ---\n{out[-4000:]}" for i, (rc, out) in enumerate(results)
+        )
+        why = "timed out" if status == 124 else "failed"
+        raise RuntimeError(f"local multi-process run {why}:\n{tails}")
+    return results

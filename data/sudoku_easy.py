@@ -5,9 +5,15 @@ demo takes complete grids from data.sudoku's generator (seeded, unique-solution 
 their SOLUTIONS) and blanks only `blanks` random cells of each, then writes train/test splits with
 data.sudoku.build_sudoku (its augmentation, checks and upstream on-disk layout). The test grids
 come from a disjoint generator stream, so test accuracy measures generalisation, not recall.
+
+    python -m data.sudoku_easy --output-dir DIR train=200 test=100 blanks=8 num_aug=20
+
+(the experiment's `data.build: sudoku_easy` + `data.build_args` call `main` the same way).
 """
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 
@@ -15,7 +21,8 @@ import numpy as np
 def build_easy_sudoku(
     output_dir: str, *, train: int, test: int, blanks: int, num_aug: int, seed: int = 0
 ) -> dict:
-    from data.sudoku import SudokuRecords, build_sudoku, generate_records
+    from data.sudoku import build_sudoku
+    from data.sudoku_sources import SudokuRecords, generate_records
 
     def easy(n, start, stream):
         solved = generate_records(n, seed, start=start).answers
@@ -46,3 +53,7 @@ def main(argv: list[str]) -> dict:
             k, v = a.split("=", 1)
             kw[k] = int(v)
     return build_easy_sudoku(out, **kw)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
