@@ -50,8 +50,7 @@ def make_batch(rc: dict, seed: int) -> dict[str, np.ndarray]:
 def place_batch(task, batch: dict) -> dict:
     """A numpy batch -> the trainer task's global arrays, the way the trainer feeds its step
     (GPT: its [accumulation, batch, block] micro-batch layout first; then `task.to_global`)."""
-    reshape = getattr(task, "_reshape_local", None)
-    return task.to_global(reshape(batch) if reshape else batch)
+    return task.to_global(task.local_batch(batch))
 
 
 def make_runner(spec: dict):
@@ -154,7 +153,7 @@ class JaxRunner:
             "mesh": dict(self.mesh.shape),
             "step": "train.step.jit_train_step(train.step.make_task(cfg, mesh)) "
             "(jax.jit, NamedShardings, donate_argnums=0)",
-            "task_flops_per_step": float(getattr(self.task, "flops_per_step", 0.0)),
+            "task_flops_per_step": float(self.task.flops_per_step),
             "attention_impl": _jax_attention_impl(self.task.model_cfg),
             # params + optimiser state (+ TRM carry), in elements
             "state_elements": int(

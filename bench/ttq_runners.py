@@ -129,11 +129,11 @@ class JaxTTQ:
         if self._eval_fn is None:
             # the trainer's own evaluation of one batch: GPT's loss with dropout off; TRM's
             # upstream evaluate (EMA weights, fresh carry, halt_max_steps ACT steps)
-            self._eval_fn = jax.jit(task._eval_loss if gpt else task._eval_batch)
+            self._eval_fn = jax.jit(task.eval_step)
         t0 = time.perf_counter()
         if gpt:
             losses = [
-                self._eval_fn(state, jnp.asarray(b["x"], jnp.int32), jnp.asarray(b["y"], jnp.int32))
+                self._eval_fn(state, {k: jnp.asarray(b[k], jnp.int32) for k in ("x", "y")})
                 for b in self.data.eval_batches
             ]
             out = {"val_loss": float(np.mean(jax.device_get(losses)))}

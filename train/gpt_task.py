@@ -116,7 +116,7 @@ class GPTTask(Task):
         shape = (self.accum, self.batch, self.block)
         return {"x": (shape, np.int32, 1), "y": (shape, np.int32, 1)}
 
-    def _reshape_local(self, b):
+    def local_batch(self, b):
         # data.text_source's rows for this process: [accum * local, T] -> [accum, local, T]; micro-step m takes
         # rows m*local..(m+1)*local of this process's slice of the global draw.
         return {k: np.asarray(v).reshape(self.accum, -1, self.block) for k, v in b.items()}
@@ -128,7 +128,7 @@ class GPTTask(Task):
             global_batch_size=self.batch * self.accum,
             seed=self.cfg.run.seed,
         )
-        return _Mapped(iter(ds), self._reshape_local)
+        return _Mapped(iter(ds), self.local_batch)
 
     # --- model + step -----------------------------------------------------------------------
     def init(self, key):
@@ -146,7 +146,7 @@ class GPTTask(Task):
         return train_step(graphdef, state, batch, grad_clip=self.optim.grad_clip, lr=self.lr_fn)
 
     # --- eval -------------------------------------------------------------------------------
-    def _eval_loss(self, state, batch):
+    def eval_step(self, state, batch):
         model, _ = nnx.merge(self.eval_graphdef, state)
         return model(batch["x"], batch["y"])[1]
 
@@ -156,7 +156,7 @@ class GPTTask(Task):
         shapes = {k: ((self.batch, self.block), np.int32, 0) for k in ("x", "y")}
         if self._eval_fn is None:
             batch_sh = {k: v.sharding for k, v in self.abstract_batch(shapes).items()}
-            self._eval_fn = jax.jit(self._eval_loss, in_shardings=(self.state_shardings, batch_sh))
+            self._eval_fn = jax.jit(self.eval_step, in_shardings=(self.state_shardings, batch_sh))
         out = {}
         for split in ("train", "val"):
             ds = eval_dataset(

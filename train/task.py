@@ -89,6 +89,11 @@ class Task:
         """The train batch: key -> (global shape, dtype, batch axis)."""
         raise NotImplementedError
 
+    def local_batch(self, rows: dict) -> dict:
+        """This process's numpy rows of a train batch in the layout `step` takes (default:
+        unchanged). The iterator applies it; bench feeds its own batches through it."""
+        return rows
+
     def train_iterator(self):
         """-> iterator of this process's rows of each global batch (numpy), with Grain's
         get_state / set_state (checkpointed with the state)."""
@@ -100,6 +105,11 @@ class Task:
         steps (0: only at the end, which the trainer always does)."""
         every = self.cfg.trainer.eval_interval
         return bool(every) and step % every == 0
+
+    def eval_step(self, state, batch):
+        """One evaluation batch, pure and jittable: what `evaluate` jits and sums (bench.ttq
+        reuses it, so a time-to-quality run is judged by the trainer's own evaluation)."""
+        raise NotImplementedError
 
     def evaluate(self, state, step: int) -> dict:
         """-> host metrics (`eval/...` floats, or strings such as a GPT sample)."""

@@ -216,7 +216,7 @@ class TRMTask(Task):
         return new_state, metrics
 
     # --- eval -------------------------------------------------------------------------------
-    def _eval_batch(self, train_state, batch):
+    def eval_step(self, train_state, batch):
         """Fresh carry, halt_max_steps ACT steps of the EMA model, metrics of the last step."""
         model = ema_model(self.graphdef, train_state)
         carry = model.initial_carry(batch)
@@ -250,7 +250,7 @@ class TRMTask(Task):
             batch_sh = {k: v.sharding for k, v in self.abstract_batch(shapes).items()}
             out_sh = (mesh_lib.replicated(self.mesh), batch_sh["inputs"], self.batch_sharding(1))
             self._eval_fn = jax.jit(
-                self._eval_batch,
+                self.eval_step,
                 in_shardings=(self.state_shardings["train"], batch_sh),
                 out_shardings=out_sh,
             )
