@@ -42,6 +42,13 @@ BFLOAT16 = Tolerance(
     "bfloat16", 1e-2, why="bfloat16 has an 8-bit mantissa (2^-8 = 3.9e-3 per rounding)"
 )
 EXACT = Tolerance("exact", 0.0, 0.0, why="the same bits: a copy, a permutation or integer logic")
+MASKED_EXACT = Tolerance(
+    "masked-exact",
+    0.0,
+    0.0,
+    why="masked logits: the same -inf mask and the same bits elsewhere",
+    nonfinite=True,
+)
 
 
 @dataclasses.dataclass(frozen=True)

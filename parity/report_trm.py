@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 
+from models.state_dict import to_numpy
 from parity.compare import (
     AS_TORCH_BFLOAT16,
     AS_TORCH_FLOAT32,
@@ -491,6 +492,19 @@ def _rollout_batches(config, steps: int, seed: int):
     ]
 
 
+def _rollout_record(carry, outputs, loss, metrics):
+    """One step of a rollout as numpy `(exact, floats)` (either side: the carries have the same
+    fields): the integer state, then the carry's latents, the outputs, the loss and the metrics."""
+    exact = {"steps": carry.steps, "halted": carry.halted}
+    exact.update({f"current_data.{k}": v for k, v in carry.current_data.items()})
+    floats = dict(carry.inner_carry, **outputs, loss=loss)
+    floats.update({f"metrics.{k}": v for k, v in metrics.items()})
+    return (
+        {k: to_numpy(v) for k, v in exact.items()},
+        {k: to_numpy(v) for k, v in floats.items()},
+    )
+
+
 def torch_rollout(head, config, *, steps: int = 16, train: bool = True, seed: int = 0):
     """`steps` ACT steps of the torch reference; per step `(exact, floats)`: name -> tensor for the
     integer state (steps, halted, current data) and for the float state (carry, outputs, loss,
@@ -509,15 +523,7 @@ def torch_rollout(head, config, *, steps: int = 16, train: bool = True, seed: in
                 exploration=tuple(torch.from_numpy(e) for e in expl),
                 return_keys=("logits", "q_halt_logits", "q_continue_logits", "target_q_continue"),
             )
-        exact = {"steps": carry.steps, "halted": carry.halted}
-        exact.update({f"current_data.{k}": v for k, v in carry.current_data.items()})
-        floats = dict(carry.inner_carry)
-        floats.update(outputs)
-        floats["loss"] = loss
-        floats.update({f"metrics.{k}": v for k, v in metrics.items()})
-        out.append(
-            ({k: v.numpy() for k, v in exact.items()}, {k: v.numpy() for k, v in floats.items()})
-        )
+        out.append(_rollout_record(carry, outputs, loss, metrics))
     return out
 
 
@@ -545,16 +551,5 @@ def jax_rollout(
         if carry_fn is not None:
             carry = carry_fn(step, carry)
         carry, outputs, loss, metrics = jstep(model, carry, to_jax(batch), expl)
-        exact = {"steps": carry.steps, "halted": carry.halted}
-        exact.update({f"current_data.{k}": v for k, v in carry.current_data.items()})
-        floats = dict(carry.inner_carry)
-        floats.update(outputs)
-        floats["loss"] = loss
-        floats.update({f"metrics.{k}": v for k, v in metrics.items()})
-        out.append(
-            (
-                {k: np.asarray(v) for k, v in exact.items()},
-                {k: np.asarray(v) for k, v in floats.items()},
-            )
-        )
+        out.append(_rollout_record(carry, outputs, loss, metrics))
     return out
