@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from models.trm.losses import normalize_metrics
 from parity.compare import EXACT, FLOAT32, assert_close
 from parity.envelope import assert_within_envelope, measure_envelope, perturbed_copies
 
@@ -29,7 +30,6 @@ from models.trm.train_step import (  # noqa: E402
     ema_model,
     init_train_state,
     merge_model,
-    normalize_train_metrics,
     train_step,
 )
 from parity.report_trm import make_batch, make_pair, tiny_config, to_float64  # noqa: E402
@@ -295,7 +295,9 @@ def test_training_trajectory_matches_torch_float64(x64):
     )
     # normalisation (upstream pretrain.py): losses / global batch, the rest / max(count, 1)
     last_out = metrics[opt.total_steps - 1]
-    norm = normalize_train_metrics({k: float(v) for k, v in last_out.items()}, BATCH)
+    norm = normalize_metrics(
+        {k: float(v) for k, v in last_out.items()}, mode="train", global_batch_size=BATCH
+    )
     assert norm["lm_loss"] == pytest.approx(float(last_out["lm_loss"]) / BATCH)
     count = max(float(last_out["count"]), 1)
     assert norm["steps"] == pytest.approx(float(last_out["steps"]) / count)
@@ -350,5 +352,5 @@ def test_train_step_float32_without_x64_jit_donated():
         not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after))
     ]
     assert all(changed), "every Param and the puzzle table must move"
-    norm = normalize_train_metrics(metrics, 4)
+    norm = normalize_metrics(metrics, mode="train", global_batch_size=4)
     assert np.isfinite(float(norm["lm_loss"]))

@@ -42,7 +42,6 @@ from models.trm.train_step import (
     TRMOptimConfig,
     ema_model,
     init_train_state,
-    normalize_train_metrics,
     train_step,
 )
 from train import mesh as mesh_lib
@@ -211,7 +210,7 @@ class TRMTask(Task):
             config=self.optim,
             exploration=exploration,
         )
-        metrics = _float32(normalize_train_metrics(sums, self.batch))
+        metrics = _float32(normalize_metrics(sums, mode="train", global_batch_size=self.batch))
         new_state = {"train": train_state, "carry": carry, "rng": jax.random.key_data(key)}
         return new_state, metrics
 

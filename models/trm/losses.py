@@ -120,26 +120,31 @@ def act_loss(
     return lm_loss + 0.5 * (q_halt_loss + q_continue_loss), metrics
 
 
-def normalize_metrics(metrics: dict, *, mode: str, global_batch_size: int | None = None) -> dict:
-    """Upstream pretrain.py's normalisation of the summed metrics.
+# Per-step values the train step reports beside the sums: passed through, never normalised.
+NOT_SUMS = ("lr", "puzzle_emb_lr", "grad_norm", "puzzle_emb_grad_norm")
 
-    train: keys ending in "loss" / global_batch_size, the others / max(count, 1).
-    eval:  every key (losses included) / count (rows that halted with labels).
+
+def normalize_metrics(metrics: dict, *, mode: str, global_batch_size: int | None = None) -> dict:
+    """Upstream pretrain.py's normalisation of the summed metrics (jnp scalars inside jit and host
+    floats alike).
+
+    train: keys ending in "loss" / global_batch_size, every other sum / max(count, 1), so `count`
+           itself becomes 1 (0 with no valid row), as in upstream's logs; NOT_SUMS pass through.
+    eval:  every key (losses included) / count (rows that halted with labels); `count` stays.
     """
+    if mode not in ("train", "eval"):
+        raise ValueError(f"normalize_metrics: mode={mode!r}: expected 'train' or 'eval'")
+    if mode == "train" and global_batch_size is None:
+        raise ValueError("normalize_metrics(mode='train') needs global_batch_size")
     count = metrics["count"]
     out = {}
     for k, v in metrics.items():
-        if k == "count":
+        if k in NOT_SUMS or (mode == "eval" and k == "count"):
             out[k] = v
-        elif mode == "train":
-            if k.endswith("loss"):
-                if global_batch_size is None:
-                    raise ValueError("normalize_metrics(mode='train') needs global_batch_size")
-                out[k] = v / global_batch_size
-            else:
-                out[k] = v / jnp.maximum(count, 1)
         elif mode == "eval":
             out[k] = v / count
+        elif k.endswith("loss"):
+            out[k] = v / global_batch_size
         else:
-            raise ValueError(f"normalize_metrics: mode={mode!r}: expected 'train' or 'eval'")
+            out[k] = v / jnp.maximum(count, 1)
     return out

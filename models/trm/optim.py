@@ -21,7 +21,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 ScalarOrSchedule = float | jax.Array | Callable[[jax.Array], jax.Array]
@@ -218,19 +217,6 @@ def trm_lr(
     return jnp.where(s < warmup_steps, warm, after).astype(dtype)
 
 
-def trm_lr_schedule(
-    *, base_lr: float, warmup_steps: int, total_steps: int, min_ratio: float = 1.0
-) -> optax.Schedule:
-    """trm_lr as an Optax schedule: Optax passes the count of PREVIOUS updates (0 first), so +1."""
-    return lambda count: trm_lr(
-        count + 1,
-        base_lr=base_lr,
-        warmup_steps=warmup_steps,
-        total_steps=total_steps,
-        min_ratio=min_ratio,
-    )
-
-
 def total_steps(
     epochs: int, total_groups: int, mean_puzzle_examples: float, global_batch_size: int
 ) -> int:
@@ -255,13 +241,3 @@ def ema_init(params):
 def ema_update(ema, params, mu: float = 0.999):
     """shadow <- (1 - mu) * param + mu * shadow, upstream's EMAHelper.update, every train batch."""
     return jax.tree.map(lambda s, p: (1.0 - mu) * p + mu * s, ema, params)
-
-
-def ema_eval_model(model: nnx.Module, ema_params) -> nnx.Module:
-    """The model upstream evaluates and checkpoints: a copy with the EMA written into its
-    nnx.Param variables; everything else (H_init/L_init, the puzzle table) keeps its live value.
-    The copy is put in eval mode; `model` itself is not touched."""
-    eval_model = nnx.clone(model)
-    nnx.update(eval_model, ema_params)
-    eval_model.eval()
-    return eval_model

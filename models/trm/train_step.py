@@ -8,7 +8,7 @@ The trainer builds the state once, then jits `train_step` with the graphdef and 
     step = jax.jit(functools.partial(train_step, graphdef, config=cfg), donate_argnums=(0, 1))
     for batch in loader:
         state, carry, metrics = step(state, carry, batch)  # metrics: raw jnp sums, no host sync
-        log(normalize_train_metrics(metrics, cfg.global_batch_size))  # one step late, on host
+        log(normalize_metrics(metrics, mode="train", global_batch_size=cfg.global_batch_size))  # one step late, on host
     eval_model = ema_model(graphdef, state)          # EMA params + live buffers, eval mode
 
 One call = one ACT step on the persistent carry, in upstream's order:
@@ -228,20 +228,3 @@ def train_step(
 
 
 # Logged as they are: not batch sums.
-_NOT_SUMS = ("lr", "puzzle_emb_lr", "grad_norm", "puzzle_emb_grad_norm")
-
-
-def normalize_train_metrics(metrics: dict, global_batch_size: int) -> dict:
-    """Upstream's training normalisation: keys ending in 'loss' are divided by the global batch
-    size, all other sums by max(count, 1) (so `count` itself becomes 1, or 0 with no valid row).
-    Works on jnp scalars (inside jit) and on host floats alike."""
-    count = jnp.maximum(metrics["count"], 1)
-    out = {}
-    for k, v in metrics.items():
-        if k in _NOT_SUMS:
-            out[k] = v
-        elif k.endswith("loss"):
-            out[k] = v / global_batch_size
-        else:
-            out[k] = v / count
-    return out
