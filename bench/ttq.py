@@ -70,6 +70,7 @@ def _eval_means(ev: dict) -> dict:
     (every key / count: rows that halted with labels), GPT's val_loss as it is."""
     if "sums" not in ev:
         return ev
+    # lazy: torch workers import this module and never load jax
     from models.trm.losses import normalize_metrics
 
     means = normalize_metrics(ev["sums"], mode="eval")

@@ -17,13 +17,13 @@ import sys
 
 import numpy as np
 
+from data.sudoku import build_sudoku
+from data.sudoku_sources import SudokuRecords, generate_records
+
 
 def build_easy_sudoku(
     output_dir: str, *, train: int, test: int, blanks: int, num_aug: int, seed: int = 0
 ) -> dict:
-    from data.sudoku import build_sudoku
-    from data.sudoku_sources import SudokuRecords, generate_records
-
     def easy(n, start, stream):
         solved = generate_records(n, seed, start=start).answers
         rng = np.random.default_rng((seed, stream))

@@ -18,7 +18,7 @@ ATTENTION_IMPLS = ("auto", "explicit", "xla", "cudnn")
 
 def cuda_compute_capability() -> tuple[int, int] | None:
     """(major, minor) of the default device if it is an NVIDIA GPU, else None."""
-    import jax
+    import jax  # lazy: models/trm/config.py imports this module and must load without jax
 
     if jax.default_backend() != "gpu":
         return None
@@ -44,7 +44,7 @@ def cudnn_unsupported(dtype, head_size: int, cc: tuple[int, int] | None) -> str 
     The rules are jax's own checks (jax/_src/cudnn/fused_attention_stablehlo.py): bf16/fp16 inputs,
     head size a multiple of 8 and <= 128 (<= 256 from Hopper, compute capability 9.0, on).
     """
-    import jax
+    import jax  # lazy, as above: the config modules load without jax
     import jax.numpy as jnp
 
     why = cudnn_unsupported_without_device(jnp.dtype(dtype).name, head_size)

@@ -83,16 +83,16 @@ def load_file(path: str | os.PathLike) -> dict:
     if not os.path.exists(path):
         raise FileNotFoundError(f"checkpoint file not found: {path}")
     if path.endswith(".safetensors"):
-        from safetensors.numpy import load_file as _load_st
+        from safetensors.numpy import load_file as _load_st  # lazy: only .safetensors files
 
         try:
             return dict(_load_st(path))
         except (TypeError, ValueError):  # bfloat16 tensors need torch to decode
-            from safetensors.torch import load_file as _load_st_torch
+            from safetensors.torch import load_file as _load_st_torch  # lazy: needs torch
 
             return dict(_load_st_torch(path))
     try:
-        import torch
+        import torch  # lazy: models/ never imports torch at module level (.pt files only)
     except ImportError as e:  # pragma: no cover - exercised only without the parity extra
         raise ImportError(
             f"reading the torch file {path} needs torch: pip install -e '.[parity]' "

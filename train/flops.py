@@ -77,7 +77,7 @@ def measure_matmul_flops(device=None, n: int = 1024, repeats: int = 8) -> float:
     """Best observed FLOP/s of an n x n x n float32 matmul through XLA on `device` (default: the
     first). An empirical ceiling for a chip without a datasheet number (a CPU): the fastest of
     `repeats` runs, so a busy neighbour lowers it as little as possible."""
-    import jax
+    import jax  # lazy: bench's PyTorch workers import this module and never load jax
     import jax.numpy as jnp
 
     device = device or jax.devices()[0]
@@ -99,7 +99,7 @@ def peak_flops(device=None) -> float:
     """Peak FLOP/s of one jax device: its datasheet figure by device_kind, else (a CPU) the
     measured `measure_matmul_flops` rate, measured once per process. CPU "MFU" then reads as the
     fraction of the best matmul throughput this machine showed, not of a datasheet peak."""
-    import jax
+    import jax  # lazy, as above
 
     device = device or jax.devices()[0]
     peak = peak_flops_for(device.device_kind)

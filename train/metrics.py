@@ -86,7 +86,7 @@ class MetricLogger:
         if os.environ.get("WANDB_MODE") == "disabled":
             mode = "disabled"
         if mode != "disabled":
-            import wandb
+            import wandb  # lazy: seconds to import, and only when logging is on
 
             # A fixed id + resume="allow": a resumed run appends to the same wandb run.
             self.wandb_run = wandb.init(
@@ -99,7 +99,7 @@ class MetricLogger:
                 config=config_dict,
             )
         if cfg.trainer.progress_bar and sys.stderr.isatty():
-            from tqdm import tqdm
+            from tqdm import tqdm  # lazy: only on a terminal
 
             self.bar = tqdm(total=total_steps, dynamic_ncols=True, leave=True)
 

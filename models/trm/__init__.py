@@ -15,12 +15,14 @@ averaged by the EMA). See docs/porting_trm.md.
 
 from models.trm.config import TRMConfig
 from models.trm.layers import LatentInit, PuzzleTable
+from models.trm.losses import act_loss
 from models.trm.models import (
     TRM,
     TinyRecursiveReasoningModel_ACTV1,
     TinyRecursiveReasoningModel_ACTV1Carry,
     TRMCarry,
 )
+from models.trm.params import from_torch, to_torch
 
 __all__ = [
     "TRM",
@@ -34,15 +36,3 @@ __all__ = [
     "from_torch",
     "to_torch",
 ]
-
-
-def __getattr__(name):  # loss and converters load on first use
-    if name == "act_loss":
-        from models.trm.losses import act_loss
-
-        return act_loss
-    if name in ("from_torch", "to_torch"):
-        from models.trm import params
-
-        return getattr(params, name)
-    raise AttributeError(name)

@@ -7,6 +7,7 @@ non-persistent `puzzle_emb.local_weights/local_ids` never appear.
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -54,8 +55,6 @@ def from_torch(state_dict, config: TRMConfig, *, seed: int = 0, source: str = "s
         var.set_value(np.asarray(sd[k]).astype(var.get_value().dtype))
     # eval_shape left the RNG stream abstract: give it real state
     model.exploration_rngs = nnx.Rngs(exploration=seed)
-    import jax.numpy as jnp
-
     for var in variables.values():
         var.set_value(jnp.asarray(var.get_value()))
     return model
@@ -63,7 +62,7 @@ def from_torch(state_dict, config: TRMConfig, *, seed: int = 0, source: str = "s
 
 def to_torch(model, *, compiled: bool = False) -> dict:
     """TRM -> upstream state_dict (torch tensors; H_init/L_init keep the forward dtype, e.g. bf16)."""
-    import torch
+    import torch  # lazy: models/ never imports torch at module level
 
     prefix = COMPILE_PREFIX if compiled else ""
     out = {}
