@@ -5,12 +5,13 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 
-from models.gpt import GPTConfig, from_torch, from_torch_file, to_torch
-from models.state_dict import COMPILE_PREFIX, StateDictError, UnsafeCheckpointError
-from parity import gpt_torch
-from parity.compare import EXACT, FLOAT32, FLOAT64, assert_all_close, assert_close, compare
+torch = pytest.importorskip("torch")  # the reference side: torch-free installs skip this module
+
+from models.gpt import GPTConfig, from_torch, from_torch_file, to_torch  # noqa: E402
+from models.state_dict import COMPILE_PREFIX, StateDictError, UnsafeCheckpointError  # noqa: E402
+from parity import gpt_torch  # noqa: E402
+from parity.compare import EXACT, FLOAT32, FLOAT64, assert_all_close, assert_close, compare  # noqa: E402
 
 TINY = dict(block_size=16, vocab_size=65, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True)
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")

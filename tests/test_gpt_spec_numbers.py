@@ -8,15 +8,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 from flax import nnx
 
-from models.gpt import GPT, GPTConfig, get_lr, get_num_params, preset
-from models.gpt.train_step import lr_schedule
-from parity import gpt_torch, report_gpt
-from parity.compare import FLOAT32, FLOAT64, assert_close
-from train.flops import estimate_mfu, peak_flops_for
-from train.flops import gpt_flops_per_token as flops_per_token
+torch = pytest.importorskip("torch")  # the reference side: torch-free installs skip this module
+
+from models.gpt import GPT, GPTConfig, get_lr, get_num_params, preset  # noqa: E402
+from models.gpt.train_step import lr_schedule  # noqa: E402
+from parity import gpt_torch, report_gpt  # noqa: E402
+from parity.compare import FLOAT32, FLOAT64, assert_close  # noqa: E402
+from train.flops import estimate_mfu, peak_flops_for  # noqa: E402
+from train.flops import gpt_flops_per_token as flops_per_token  # noqa: E402
 
 # nanoGPT's get_num_params: (non-embedding, total) parameters
 COUNTS = {
