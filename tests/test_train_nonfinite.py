@@ -238,3 +238,25 @@ def test_skip_finishes_with_a_finite_state_and_logs_the_count(text_dir, tmp_path
     for s in _checkpoint_steps(run_dir):
         assert _all_finite(_restore(cfg, run_dir, s)), s
     assert read_jsonl(os.path.join(run_dir, "metrics.jsonl")) == records
+
+
+def test_trm_skip_keeps_the_carry_and_ema_finite(tmp_path):
+    """The TRM loop (persistent carry, EMA, two optimizers, exploration key) under lr 1e6 with
+    skip: the run finishes, every kept checkpoint is finite, the evaluation (EMA weights) too."""
+    data = build_tiny_sudoku(str(tmp_path / "sudoku"))
+    overrides = tiny_trm_overrides(data, str(tmp_path), "trm", epochs=6) + [
+        "optim.loss_dtype=float32",
+        "optim.lr=1e6",
+        "checkpoint.interval=1",
+        "trainer.on_nonfinite=skip",
+    ]
+    cfg = load_config(overrides)
+    result = train(cfg, make_mesh(cfg.mesh, devices=jax.devices()[:1]))
+    run_dir = os.path.join(str(tmp_path), "trm")
+    records = _strict_lines(os.path.join(run_dir, "metrics.jsonl"))
+    flagged = [r["step"] for r in records if r.get("train/nonfinite")]
+    final = _strict_lines(os.path.join(run_dir, "final.json"))[0]
+    assert flagged and final["nonfinite_skipped"] == len(flagged), (final, flagged)
+    assert math.isfinite(result["eval/all/lm_loss"]), result
+    for s in _checkpoint_steps(run_dir):
+        assert _all_finite(_restore(cfg, run_dir, s)), s
