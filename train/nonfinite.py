@@ -79,8 +79,10 @@ def guard_step(step: Callable, mode: str) -> Callable:
 
 
 def _host_value(x) -> np.ndarray:
-    """A replicated metric on this process's host (every process reads the same value)."""
-    return np.asarray(x.addressable_data(0)) if isinstance(x, jax.Array) else np.asarray(x)
+    """A metric on this process's host. The step's metrics are replicated (jit_train_step's
+    out_shardings), so every process reads the same value from its own copy, and the value
+    `copy_to_host_async` started fetching in `watch` is the one read here."""
+    return np.asarray(x)
 
 
 class NonfiniteGuard:
