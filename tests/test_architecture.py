@@ -159,7 +159,7 @@ def test_no_import_cycles():
 # The trainer's generic modules: they reach a model family only through the Task interface
 # (train/task.py), picked by name in train/step.py.
 GENERIC = ("train.trainer", "train.task", "train.config", "train.compose", "train.checkpoint")
-GENERIC += ("train.export", "train.main")
+GENERIC += ("train.export", "train.main", "train.nonfinite", "train.metrics")
 
 
 def test_the_generic_trainer_imports_no_model_family():

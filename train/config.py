@@ -27,6 +27,10 @@ class ConfigError(ValueError):
     """A configuration value is missing, unknown or out of range (message names the key)."""
 
 
+# trainer.on_nonfinite: what a step with a non-finite loss or gradient norm does (train/nonfinite.py)
+NONFINITE_MODES = ("stop", "skip")
+
+
 @dataclass
 class RunConfig:
     name: str = MISSING  # deterministic: also the wandb run id, so a resumed run continues it
@@ -55,6 +59,9 @@ class TrainerConfig:
     init_from: str = "scratch"  # scratch | path: upstream TRM ckpt, nanoGPT ckpt.pt, HF GPT-2 file
     eval_at_start: bool = False
     progress_bar: bool = True  # tqdm, only on an interactive terminal
+    # A non-finite loss or gradient norm (checked inside the step): stop = error naming the step and
+    # the last good checkpoint; skip = the update is not applied, the event counted and logged.
+    on_nonfinite: str = "stop"
 
 
 @dataclass
@@ -191,6 +198,11 @@ def _check_trainer(t) -> None:
     for key in ("total_steps", "max_steps", "epochs", "eval_interval", "eval_iters"):
         _positive(t[key], f"trainer.{key}", allow_zero=True)
     _positive(t.gradient_accumulation_steps, "trainer.gradient_accumulation_steps")
+    if t.on_nonfinite not in NONFINITE_MODES:
+        raise ConfigError(
+            f"trainer.on_nonfinite must be one of {'|'.join(NONFINITE_MODES)}, "
+            f"got {t.on_nonfinite!r}"
+        )
 
 
 def _check_mesh(m) -> None:

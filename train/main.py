@@ -15,6 +15,7 @@ from train.compose import load_config
 from train.config import ConfigError
 from train.distributed import initialize
 from train.mesh import make_mesh
+from train.nonfinite import NonfiniteError
 from train.trainer import train
 
 
@@ -32,6 +33,8 @@ def main(argv: list[str] | None = None) -> dict:
             log_compilation_cache_stats()  # hits / misses of this process
     except ConfigError as e:
         sys.exit(f"error: {e}")  # exit status 1, no traceback: it is the user's input
+    except NonfiniteError as e:  # trainer.on_nonfinite=stop: the message says where and what
+        sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":

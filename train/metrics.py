@@ -28,6 +28,34 @@ def _to_float(v):
     return float(v) if v.size == 1 else v.tolist()
 
 
+def _finite_or_none(v):
+    """(v with every non-finite float -> None, whether one was replaced); lists elementwise."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None, True
+    if isinstance(v, list | tuple):
+        pairs = [_finite_or_none(x) for x in v]
+        return [x for x, _ in pairs], any(bad for _, bad in pairs)
+    return v, False
+
+
+def strict_json(record: dict, flag: str = "nonfinite") -> dict:
+    """`record` as strict JSON can hold it: NaN / +-inf values become null and their keys are
+    listed under `flag` (JSON has no NaN; Python's json would write a bare `NaN`)."""
+    out, bad = {}, []
+    for k, v in record.items():
+        out[k], replaced = _finite_or_none(v)
+        if replaced:
+            bad.append(k)
+    if bad:
+        out[flag] = bad
+    return out
+
+
+def dumps(record: dict) -> str:
+    """One strict JSON document (`allow_nan=False`: raises rather than write NaN / Infinity)."""
+    return json.dumps(strict_json(record), allow_nan=False)
+
+
 def is_local(path) -> bool:
     """False for a URL-style path (gs://, s3://, ...), which epath handles through its backends."""
     return "://" not in str(path)
@@ -47,7 +75,7 @@ class JsonlFile:
             self.f = open(self.path, "a")  # noqa: SIM115
 
     def write(self, record: dict):
-        line = json.dumps(record) + "\n"
+        line = dumps(record) + "\n"
         if self.rewrite:
             self.lines.append(line)
             self.dirty = True
@@ -180,7 +208,15 @@ class MetricLogger:
 
 def read_jsonl(path) -> list[dict]:
     """All records of a metrics.jsonl (tests and tools; local or gs://)."""
-    return [json.loads(line) for line in epath.Path(path).read_text().splitlines() if line.strip()]
+    return [
+        json.loads(line, parse_constant=_no_constant)
+        for line in epath.Path(path).read_text().splitlines()
+        if line.strip()
+    ]
+
+
+def _no_constant(name: str):
+    raise ValueError(f"not strict JSON: {name} (metrics.jsonl writes null + a nonfinite flag)")
 
 
 def _wandb_dir(run_dir, run_id: str) -> str:

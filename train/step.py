@@ -19,6 +19,7 @@ import jax
 from train import mesh as mesh_lib
 from train.config import ConfigError
 from train.gpt_task import GPTTask
+from train.nonfinite import guard_step
 from train.task import Task
 from train.trm_task import TRMTask
 
@@ -61,19 +62,27 @@ def with_shardings(abstract_tree, shardings):
 def jit_train_step(task: Task):
     """`train_step(state, batch) -> (state, metrics)`: the task's pure step with its graphdef
     bound, jitted with the in/out shardings of state and batch, the state donated."""
-    graphdef = task.graphdef
-
-    def train_step(state, batch):  # jit names the program (and its compilation-cache file) after it
-        return task.step(graphdef, state, batch)
-
-    state_sh = task.state_shardings
     batch_sh = jax.tree.map(lambda a: a.sharding, task.abstract_batch())
     return jax.jit(
-        train_step,
-        in_shardings=(state_sh, batch_sh),
-        out_shardings=(state_sh, mesh_lib.replicated(task.mesh)),
+        pure_train_step(task),
+        in_shardings=(task.state_shardings, batch_sh),
+        out_shardings=(task.state_shardings, mesh_lib.replicated(task.mesh)),
         donate_argnums=0,
     )
+
+
+def pure_train_step(task: Task):
+    """The task's pure step with its graphdef bound and the non-finite guard of
+    `trainer.on_nonfinite` (train/nonfinite.py): metrics gain `nonfinite`; in skip mode a step
+    with a non-finite loss or gradient norm returns its input state."""
+    graphdef = task.graphdef
+    mode = task.cfg.trainer.get("on_nonfinite", "stop")  # bench may pass an older saved config
+    guarded = guard_step(lambda s, b: task.step(graphdef, s, b), mode)
+
+    def train_step(state, batch):  # jit names the program (and its compilation-cache file) after it
+        return guarded(state, batch)
+
+    return train_step
 
 
 def build_train_step(cfg, mesh, *, task: Task | None = None, need_data: bool = False):

@@ -10,8 +10,8 @@ converted to floats after step N+1 is dispatched (train/metrics.py).
 
 from __future__ import annotations
 
-import json
 import logging
+import math
 import os
 import signal
 import time
@@ -25,7 +25,8 @@ from train import step as step_lib
 from train.checkpoint import Checkpointer
 from train.config import ConfigError
 from train.flops import peak_flops
-from train.metrics import MetricLogger
+from train.metrics import MetricLogger, dumps
+from train.nonfinite import NonfiniteGuard
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,10 @@ def run_dir_of(cfg) -> epath.Path:
 
 
 def train(cfg, mesh) -> dict:
-    """Runs (or resumes) the experiment `cfg` on `mesh`; returns the last logged metrics."""
+    """Runs (or resumes) the experiment `cfg` on `mesh`; returns the last logged metrics.
+
+    Raises train.nonfinite.NonfiniteError when a step's loss or gradient norm is not finite and
+    trainer.on_nonfinite=stop (checkpoints up to the last good step are committed first)."""
     clock = StepClock()
     run_dir = run_dir_of(cfg)
     step_lib.enable_x64_if_needed(cfg)  # before anything is traced (TRM: float64 stablemax loss)
@@ -44,43 +48,55 @@ def train(cfg, mesh) -> dict:
     _write_config(cfg, run_dir)
     ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint)
     data_iter = task.train_iterator()
-    state, step, best = _init_or_restore(cfg, task, ckpt, data_iter, run_dir)
+    state, step, meta = _init_or_restore(cfg, task, ckpt, data_iter, run_dir)
     step_fn = step_lib.jit_train_step(task)
     stop = min(task.total_steps, cfg.trainer.max_steps or task.total_steps)
     config_dict = OmegaConf.to_container(cfg, resolve=True)
     logger = MetricLogger(run_dir, cfg, cfg.run.name, config_dict, stop)
-    run = _Run(cfg, task, ckpt, logger, data_iter, step, best)
+    run = _Run(cfg, task, ckpt, logger, data_iter, step, meta)
     peak = peak_flops() * mesh.devices.size
-
-    with jax.set_mesh(mesh):
-        if cfg.trainer.eval_at_start and step == 0:
-            run.evaluate(state, 0)
-        clock.start(step)
-        while step < stop:
-            local = next(data_iter, None)
-            if local is None:  # TRM: upstream's epochs / eval_interval iterations are done
-                break
-            state, metrics = step_fn(state, task.to_global(local))  # async: returns at once
-            step += 1
-            clock.dispatched(step, metrics)
-            if _log_due(cfg, step, stop):
-                device = {f"train/{k}": v for k, v in metrics.items()}
-                logger.push(step, device, _throughput(task, clock.lap(), peak))
-            evaluate, save = _due(cfg, task, step, stop, data_iter)
-            if save:
-                run.save(state, step, run.evaluate(state, step) if evaluate else None)
-            if step == _SIGKILL_AT:
-                _sigkill_self(ckpt, logger)
-            if save:
-                clock.start(step)  # eval and checkpoint time is not step time
-        if run.saved_at != step:  # the data ran out before `stop` (TRM drops partial batches)
-            run.save(state, step, run.evaluate(state, step))
-        logger.flush()
-    ckpt.close()
-    logger.close()
+    try:
+        with jax.set_mesh(mesh):
+            state, step = _loop(run, state, step, stop, step_fn, clock, peak)
+    finally:  # also on NonfiniteError: commit the good checkpoints, write the logged metrics
+        ckpt.close()
+        logger.close()
+    final = {"step": step, **_jsonable(run.last), **run.guard.final()}
     if jax.process_index() == 0:
-        (run_dir / "final.json").write_text(json.dumps({"step": step, **_jsonable(run.last)}))
+        (run_dir / "final.json").write_text(dumps(final))
     return {"step": step, **run.last}
+
+
+def _loop(run, state, step: int, stop: int, step_fn, clock, peak: float):
+    """Steps until `stop` (or the data ends): -> (state, step). Evaluates and saves when due."""
+    cfg, task, data_iter = run.cfg, run.task, run.data_iter
+    if cfg.trainer.eval_at_start and step == 0:
+        run.evaluate(state, 0)
+    clock.start(step)
+    while step < stop:
+        local = next(data_iter, None)
+        if local is None:  # TRM: upstream's epochs / eval_interval iterations are done
+            break
+        state, metrics = step_fn(state, task.to_global(local))  # async: returns at once
+        step += 1
+        clock.dispatched(step, metrics)
+        run.guard.watch(step, metrics)  # acts on step - 1's nonfinite flag (already computed)
+        if _log_due(cfg, step, stop):
+            device = {f"train/{k}": v for k, v in metrics.items()}
+            host = {**_throughput(task, clock.lap(), peak), **run.guard.host_metrics()}
+            run.logger.push(step, device, host)
+        evaluate, save = _due(cfg, task, step, stop, data_iter)
+        if save:
+            run.checkpoint(state, step, evaluate)
+        if step == _SIGKILL_AT:
+            _sigkill_self(run.ckpt, run.logger)
+        if save:
+            clock.start(step)  # eval and checkpoint time is not step time
+    if run.saved_at != step:  # the data ran out before `stop` (TRM drops partial batches)
+        run.checkpoint(state, step, evaluate=True)
+    run.guard.check_pending()
+    run.logger.flush()
+    return state, step
 
 
 def _write_config(cfg, run_dir) -> None:
@@ -90,19 +106,19 @@ def _write_config(cfg, run_dir) -> None:
 
 
 def _init_or_restore(cfg, task, ckpt, data_iter, run_dir):
-    """-> (state, step, best metric so far): the latest checkpoint of the run directory (the data
-    iterator restored in place), else a new state (+ trainer.init_from weights)."""
+    """-> (state, step, meta: best metric so far, skipped steps): the latest checkpoint of the run
+    directory (the data iterator restored in place), else a new state (+ trainer.init_from)."""
     latest = ckpt.latest_step() if cfg.run.resume else None
     if latest is None:
         state = task.create_state()
         if cfg.trainer.init_from not in ("", "scratch"):
             state = task.import_weights(state, cfg.trainer.init_from)
-        return state, 0, None
+        return state, 0, {}
     check_resumable(cfg, ckpt.read_meta(latest), f"{run_dir} step {latest}")
     abstract = step_lib.with_shardings(task.abstract_state, task.state_shardings)
     state, meta = ckpt.restore(latest, abstract, data_iter)
     log.info("resumed %s from step %d", run_dir, int(meta["step"]))
-    return state, int(meta["step"]), meta.get("best")
+    return state, int(meta["step"]), meta
 
 
 def _log_due(cfg, step: int, stop: int) -> bool:
@@ -177,12 +193,30 @@ class _Run:
     """What the loop's evaluations and checkpoints share: the task, the checkpointer, the logger,
     the data iterator (saved with the state) and the results so far."""
 
-    def __init__(self, cfg, task, ckpt, logger, data_iter, step: int, best):
+    def __init__(self, cfg, task, ckpt, logger, data_iter, step: int, meta: dict):
         self.cfg, self.task, self.data_iter = cfg, task, data_iter
         self.ckpt, self.logger = ckpt, logger
-        self.best = best  # best value of checkpoint.best_metric so far (kept in checkpoints)
+        self.best = meta.get("best")  # best value of checkpoint.best_metric so far (checkpointed)
         self.last = {}  # the last value of every eval metric (returned, final.json)
         self.saved_at = step  # the last step saved (or restored)
+        skipped = meta.get("nonfinite_skipped", 0)
+        self.guard = NonfiniteGuard(cfg.trainer.on_nonfinite, self.last_good, skipped)
+
+    def last_good(self) -> str:
+        """The newest committed checkpoint (the stop message names it)."""
+        if not self.cfg.checkpoint.enabled:
+            return "none (checkpoint.enabled=false)"
+        self.ckpt.wait()  # an async save in flight commits first
+        latest = self.ckpt.latest_step()
+        if latest is None:
+            return f"none in {self.ckpt.directory} (no checkpoint was saved yet)"
+        return f"{self.ckpt.directory / str(latest)} (step {latest})"
+
+    def checkpoint(self, state, step: int, evaluate: bool) -> None:
+        """Evaluate (when due) and save step `step`, once its nonfinite flag is known to be clear
+        (trainer.on_nonfinite=stop raises here instead; skip: the state is the last good one)."""
+        self.guard.check_pending()
+        self.save(state, step, self.evaluate(state, step) if evaluate else None)
 
     def evaluate(self, state, step: int) -> dict:
         metrics = self.task.evaluate(state, step)
@@ -196,12 +230,21 @@ class _Run:
         self.saved_at = step
         if not self.cfg.checkpoint.enabled:
             return
-        numeric = {k: v for k, v in (metrics or {}).items() if isinstance(v, float | int)}
+        numeric = {
+            k: v
+            for k, v in (metrics or {}).items()
+            if isinstance(v, float | int) and math.isfinite(v)  # Orbax writes them as JSON
+        }
         self.ckpt.save(
             step,
             state,
             self.data_iter,
-            meta={"step": step, "best": self.best, "resume": resume_settings(self.cfg)},
+            meta={
+                "step": step,
+                "best": self.best,
+                "resume": resume_settings(self.cfg),
+                "nonfinite_skipped": self.guard.skipped,
+            },
             metrics=numeric or None,
             force=True,
         )
@@ -211,7 +254,7 @@ class _Run:
 def _best(ckpt_cfg, best, metrics: dict):
     """The best value of checkpoint.best_metric after `metrics` (best_mode: min or max)."""
     key = ckpt_cfg.best_metric
-    if key not in metrics:
+    if key not in metrics or not math.isfinite(metrics[key]):  # a NaN eval is never the best
         return best
     if best is None:
         return metrics[key]
