@@ -1,8 +1,15 @@
-"""Entry point: `python -m train.main +experiment=NAME [key=value ...]`.
+"""Entry point, a Hydra app: `python -m train.main +experiment=NAME [key=value ...]`.
+
+Hydra's own command line works: `--help` (config groups), `--cfg job` (the composed config),
+`--info`, and `-m` sweeps (`-m +experiment=NAME optim.lr=1e-4,3e-4`: the basic launcher runs the
+jobs one after the other in this process, each in its own run directory `<run.name>-<job num>`).
+Hydra writes nothing and does not change directory (configs/config.yaml's `hydra:` section): the
+run directory is still <run.out_dir>/<run.name>, decided by the trainer.
 
 Kept short on purpose (Flax examples/gemma style): distributed init, config, compilation cache,
 mesh, one call into the trainer. Environment for multi-process runs: JAX_COORDINATOR_ADDRESS,
-JAX_NUM_PROCESSES and JAX_PROCESS_ID (local runs and tests, launch/local.py); on Cloud TPU none are needed.
+JAX_NUM_PROCESSES and JAX_PROCESS_ID (local runs and tests, launch/local.py); on Cloud TPU none are
+needed. Every process gets the same argv and composes the same config: no per-process directory.
 """
 
 from __future__ import annotations
@@ -10,19 +17,42 @@ from __future__ import annotations
 import logging
 import sys
 
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+
+from train import config as config_lib
 from train.compilation_cache import log_compilation_cache_stats, setup_compilation_cache
-from train.compose import load_config
+from train.compose import load_config, validate
 from train.config import ConfigError
 from train.distributed import initialize
 from train.mesh import make_mesh
 from train.nonfinite import NonfiniteError
 from train.trainer import train
 
+# Flags that make Hydra print, sweep or read another config instead of one plain run.
+_HYDRA_FLAGS = ("-", "hydra.", "hydra/")
 
-def main(argv: list[str] | None = None) -> dict:
-    initialize()  # before anything touches devices (importing the trainer does not)
+
+def _is_plain_run(args: list[str]) -> bool:
+    return not any(a.startswith(_HYDRA_FLAGS) for a in args)
+
+
+def _job_run_name(name: str) -> str:
+    """In a sweep (-m), job N's run is `<run.name>-<N>`: two jobs never share a run directory,
+    and the same sweep command again resumes each job from its own directory."""
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        return f"{name}-{HydraConfig.get().job.num}"
+    return name
+
+
+@hydra.main(config_path="../configs", config_name="config", version_base="1.3")
+def _run(cfg) -> dict:
     try:
-        cfg = load_config(sys.argv[1:] if argv is None else argv)
+        OmegaConf.set_struct(cfg, True)
+        cfg.run.name = _job_run_name(cfg.run.name)
+        validate(cfg)  # the same checks as load_config, on the config Hydra composed
         # Process-wide, so here and not in train(): before the first compile, once per process.
         setup_compilation_cache(
             cfg.run.compilation_cache_dir, cfg.run.compilation_cache_min_compile_secs
@@ -31,10 +61,21 @@ def main(argv: list[str] | None = None) -> dict:
             return train(cfg, make_mesh(cfg.mesh))  # raises ConfigError when it cannot resume
         finally:
             log_compilation_cache_stats()  # hits / misses of this process
-    except ConfigError as e:
+    except (ConfigError, NonfiniteError) as e:  # NonfiniteError: trainer.on_nonfinite=stop
         sys.exit(f"error: {e}")  # exit status 1, no traceback: it is the user's input
-    except NonfiniteError as e:  # trainer.on_nonfinite=stop: the message says where and what
-        sys.exit(f"error: {e}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else list(argv)
+    config_lib.register_schema()  # base_config, before Hydra composes
+    if _is_plain_run(args):
+        try:  # Hydra's own composition errors span several lines; ours are one line
+            load_config(args)
+        except ConfigError as e:
+            sys.exit(f"error: {e}")
+    initialize()  # before anything touches devices (importing the trainer does not)
+    sys.argv = [sys.argv[0], *args]
+    _run()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,69 @@
+"""`python -m train.main` is a Hydra app: --help lists the config groups, --cfg job prints the
+composed config, a bad override is one line and exit 1, and -m sweeps run each job in its own run
+directory. Each test starts a fresh process (Hydra reads sys.argv)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import yaml
+
+from tests.helpers import build_tiny_sudoku, losses, tiny_trm_overrides
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _main(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    cmd = [sys.executable, "-m", "train.main", *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_help_lists_the_config_groups():
+    done = _main("--help")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "python -m train.main +experiment=NAME" in done.stdout
+    for group in ("experiment", "model", "data", "optim", "mesh", "logging"):
+        assert f"\n{group}: " in done.stdout, group
+    assert "trm_sudoku_tiny" in done.stdout
+
+
+def test_cfg_job_prints_the_composed_experiment():
+    done = _main("+experiment=trm_sudoku_tiny", "optim.lr=3e-4", "--cfg", "job")
+    assert done.returncode == 0, done.stderr[-2000:]
+    cfg = yaml.safe_load(done.stdout)
+    assert cfg["task"] == "trm" and cfg["run"]["name"] == "trm_sudoku_tiny"
+    assert cfg["optim"]["lr"] == 3e-4 and cfg["model"]["hidden_size"] == 32
+    assert "hydra" not in cfg
+
+
+def test_info_works():
+    done = _main("--info")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Hydra" in done.stdout
+
+
+def test_bad_override_is_one_line_and_exit_1(tmp_path):
+    done = _main("+experiment=trm_sudoku_tiny", "trainer.epochs=0", f"run.out_dir={tmp_path}")
+    assert done.returncode == 1
+    assert done.stderr.startswith("error: ") and "trainer.epochs" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert os.listdir(tmp_path) == []  # nothing ran
+
+
+def test_multirun_runs_each_job_in_its_own_run_dir(tmp_path):
+    data = build_tiny_sudoku(str(tmp_path / "sudoku"))
+    out = str(tmp_path / "runs")
+    overrides = tiny_trm_overrides(data, out, "sweep", epochs=1)
+    done = _main("-m", *overrides, "optim.lr=1e-4,3e-4", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for num, lr in ((0, 1e-4), (1, 3e-4)):
+        run_dir = os.path.join(out, f"sweep-{num}")
+        with open(os.path.join(run_dir, "config.yaml")) as f:
+            cfg = yaml.safe_load(f)
+        assert cfg["run"]["name"] == f"sweep-{num}" and cfg["optim"]["lr"] == lr
+        assert losses(run_dir, "train/lm_loss"), run_dir  # its own metrics.jsonl
+    assert sorted(os.listdir(out)) == ["multirun.yaml", "sweep-0", "sweep-1"]
+    assert not os.path.exists(os.path.join(REPO, "multirun.yaml"))
