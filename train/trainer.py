@@ -108,15 +108,17 @@ def _write_config(cfg, run_dir) -> None:
 def _init_or_restore(cfg, task, ckpt, data_iter, run_dir):
     """-> (state, step, meta: best metric so far, skipped steps): the latest checkpoint of the run
     directory (the data iterator restored in place), else a new state (+ trainer.init_from)."""
-    latest = ckpt.latest_step() if cfg.run.resume else None
-    if latest is None:
+    abstract = step_lib.with_shardings(task.abstract_state, task.state_shardings)
+    found = None
+    if cfg.run.resume:  # the newest step that restores; damaged newer ones are moved aside
+        check = lambda meta, step: check_resumable(cfg, meta, f"{run_dir} step {step}")  # noqa: E731
+        found = ckpt.restore_newest(abstract, data_iter, check)
+    if found is None:
         state = task.create_state()
         if cfg.trainer.init_from not in ("", "scratch"):
             state = task.import_weights(state, cfg.trainer.init_from)
         return state, 0, {}
-    check_resumable(cfg, ckpt.read_meta(latest), f"{run_dir} step {latest}")
-    abstract = step_lib.with_shardings(task.abstract_state, task.state_shardings)
-    state, meta = ckpt.restore(latest, abstract, data_iter)
+    _, state, meta = found
     log.info("resumed %s from step %d", run_dir, int(meta["step"]))
     return state, int(meta["step"]), meta
 
