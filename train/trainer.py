@@ -45,6 +45,8 @@ def train(cfg, mesh) -> dict:
     run_dir = run_dir_of(cfg)
     step_lib.enable_x64_if_needed(cfg)  # before anything is traced (TRM: float64 stablemax loss)
     task = step_lib.make_task(cfg, mesh)
+    task.validate_data()  # a broken split or vocab fails here, not at the first evaluation
+    _check_init_from(cfg)
     _write_config(cfg, run_dir)
     ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint)
     data_iter = task.train_iterator()
@@ -121,6 +123,12 @@ def _init_or_restore(cfg, task, ckpt, data_iter, run_dir):
     _, state, meta = found
     log.info("resumed %s from step %d", run_dir, int(meta["step"]))
     return state, int(meta["step"]), meta
+
+
+def _check_init_from(cfg) -> None:
+    path = cfg.trainer.init_from
+    if path not in ("", "scratch") and not epath.Path(path).exists():
+        raise ConfigError(f"trainer.init_from={path!r}: no such file (a checkpoint to import)")
 
 
 def _log_due(cfg, step: int, stop: int) -> bool:
