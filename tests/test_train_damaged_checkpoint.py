@@ -96,8 +96,15 @@ def _case(text_dir, straight, tmp_path, caplog, name, how):
     with caplog.at_level(logging.WARNING):
         _run(args)  # resumes: step 6 fails, step 3 restores, steps 4..8 are trained again
     warned = [r.getMessage() for r in caplog.records if "is damaged" in r.getMessage()]
-    assert len(warned) == 1 and "step 6" in warned[0] and "\n" not in warned[0], warned
     after = _files(ckpts)
+    if name == "_CHECKPOINT_METADATA":
+        # Orbax's bookkeeping (commit time, handler names): it logs its own error and restores
+        # step 6 anyway, whose items are intact; nothing is moved, the curve is still exact.
+        assert not warned and before <= after | {f for f in before if f.startswith("3/")}
+        assert_close("train/loss, step 6 with damaged _CHECKPOINT_METADATA", _curve(
+            os.path.join(out, "r")), straight, EXACT)  # fmt: skip
+        return
+    assert len(warned) == 1 and "step 6" in warned[0] and "\n" not in warned[0], warned
     # Nothing of the damaged step is deleted: it is in damaged-6/ (step 3 goes by keep_last=2).
     moved = {"damaged-" + f for f in before if f.startswith("6/")}
     assert moved and moved <= after, sorted(moved - after)
