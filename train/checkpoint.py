@@ -22,7 +22,9 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers as cm
 
+from train.config import ConfigError
 from train.metrics import is_local
+from train.task import sync_processes
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,17 @@ class Checkpointer:
         self.directory = epath.Path(directory)
         if is_local(directory):
             self.directory = self.directory.resolve()
+        self.ckpt_cfg = ckpt_cfg
+        try:
+            self.manager = self._make_manager()
+        except Exception as e:  # Orbax reads every step's metadata here: a damaged one can raise
+            raise ConfigError(
+                f"cannot open the checkpoints in {self.directory}: {_one_line(e)}. Move the "
+                "damaged step directories out of it, or start a new run (another run.name)"
+            ) from e
+
+    def _make_manager(self):
+        ckpt_cfg = self.ckpt_cfg
         best = ckpt_cfg.best_metric
         policies = [cm.preservation_policy.LatestN(n=int(ckpt_cfg.keep_last))]
         if ckpt_cfg.keep_best and best:
@@ -52,7 +65,7 @@ class Checkpointer:
                     keep_checkpoints_without_metrics=False,
                 )
             )
-        self.manager = ocp.CheckpointManager(
+        return ocp.CheckpointManager(
             self.directory,
             item_names=("state", "data", "meta"),
             item_handlers={
@@ -69,6 +82,58 @@ class Checkpointer:
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
+
+    def restore_newest(self, abstract_state, data_iter=None, check_meta=None):
+        """-> (step, state, meta) of the NEWEST checkpoint that restores, or None when there is
+        none. A newer step that fails (a truncated, zero-filled or missing file) is reported in
+        one warning line and moved aside to `damaged-<step>` next to the steps: nothing is
+        deleted, and the saves that follow (the same step numbers again) do not collide with it.
+        `check_meta(meta, step)` may raise ConfigError (a changed setting): that is not damage,
+        it propagates. ConfigError when steps exist but none restores."""
+        steps = sorted(self.manager.all_steps(), reverse=True)
+        damaged = []
+        for step in steps:
+            try:
+                meta = self.read_meta(step)
+                if check_meta is not None:
+                    check_meta(meta, step)
+                state, meta = self.restore(step, abstract_state, data_iter)
+            except ConfigError:
+                raise
+            except Exception as e:
+                log.warning(
+                    "checkpoint step %d in %s is damaged (%s); trying the previous one",
+                    step, self.directory, _one_line(e),
+                )  # fmt: skip
+                damaged.append(step)
+                continue
+            self._move_aside(damaged)
+            return step, state, meta
+        if damaged:
+            raise ConfigError(
+                f"no checkpoint in {self.directory} restores (damaged steps: "
+                f"{', '.join(map(str, damaged))}; the warnings above say why). Move the damaged "
+                "step directories out of it to start over in this run directory, or start a new "
+                "run (another run.name)"
+            )
+        return None
+
+    def _move_aside(self, steps) -> None:
+        """Renames damaged step directories to damaged-<step> (process 0), then reopens the
+        manager so that it no longer lists them."""
+        if not steps:
+            return
+        if jax.process_index() == 0:
+            for step in steps:
+                src, dst = self.directory / str(step), self.directory / f"damaged-{step}"
+                n = 1
+                while dst.exists():  # damaged twice at the same step: keep both
+                    dst, n = self.directory / f"damaged-{step}.{n}", n + 1
+                src.rename(dst)
+                log.warning("moved the damaged checkpoint step %d aside to %s", step, dst)
+        sync_processes("checkpoint_move_damaged")
+        self.manager.close()
+        self.manager = self._make_manager()
 
     def save(self, step: int, state, data_iter=None, meta=None, metrics=None, force=False):
         items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta or {})}
@@ -97,8 +162,11 @@ class Checkpointer:
         }
         own_file = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
         if _has_grain_state(data_iter):
-            if (self.directory / str(step) / "data" / own_file).exists():
+            data_dir = self.directory / str(step) / "data"
+            if (data_dir / own_file).exists():
                 items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
+            elif data_dir.exists() and not list(data_dir.glob("process_*.json")):
+                raise FileNotFoundError(f"{data_dir / own_file} is missing (no iterator state)")
             else:
                 log.warning("checkpoint %d has no data state for %s: data restarts", step, own_file)
         restored = self.manager.restore(step, args=ocp.args.Composite(**items))
@@ -110,3 +178,9 @@ class Checkpointer:
     def close(self):
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def _one_line(e: BaseException) -> str:
+    """`Type: first line of the message`, for one-line warnings and errors."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__

@@ -21,7 +21,7 @@ from flax import nnx
 from omegaconf import OmegaConf
 
 from data.shakespeare_char import build as build_shakespeare_char
-from data.text_source import eval_dataset, read_meta, train_dataset
+from data.text_source import eval_dataset, read_meta, read_token_bin, train_dataset
 from models.gpt import GPT, GPTConfig, from_torch_file, generate, to_torch
 from models.gpt.train_step import configure_optimizers, lr_schedule, train_step
 from train.config import ConfigError, build_dataclass
@@ -111,6 +111,28 @@ class GPTTask(Task):
             return read_meta(path)
         except FileNotFoundError:
             return {}
+
+    def validate_data(self) -> None:
+        """train.bin and val.bin open as uint16 tokens, hold more than one window, and their
+        tokens (val: all; train: the first 2**20) are below the model's vocab_size."""
+        vocab, need = self.model_cfg.vocab_size, self.model_cfg.block_size + 2
+        for split in ("train", "val"):
+            path = os.path.join(self.data_dir, f"{split}.bin")
+            try:
+                tokens = read_token_bin(path)
+            except (OSError, ValueError) as e:
+                raise ConfigError(f"data.path: {e}") from e
+            if len(tokens) < need:
+                raise ConfigError(
+                    f"data.path: {path} has {len(tokens)} tokens; model.block_size="
+                    f"{self.model_cfg.block_size} needs at least {need}"
+                )
+            top = int(np.max(tokens[: 1 << 20] if split == "train" else tokens))
+            if top >= vocab:
+                raise ConfigError(
+                    f"data.path: {path} has token id {top}, not below the model's vocab_size="
+                    f"{vocab} (meta.json vocab_size or model.vocab_size)"
+                )
 
     def batch_shapes(self):
         shape = (self.accum, self.batch, self.block)

@@ -99,6 +99,12 @@ class Task:
         get_state / set_state (checkpointed with the state)."""
         raise NotImplementedError
 
+    def validate_data(self) -> None:
+        """Checks everything the run will read, before the first step: every split's files open
+        and have the expected shapes / dtypes, and the data's vocabulary fits the model. Raises
+        train.config.ConfigError (one line naming the file or key, the value and what was
+        expected). Called by the trainer after the task is built. Default: nothing checked."""
+
     # --- evaluation ---------------------------------------------------------------------------
     def eval_due(self, step: int, data_iter) -> bool:
         """Whether to evaluate (and checkpoint) after `step`. Default: every trainer.eval_interval

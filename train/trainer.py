@@ -45,6 +45,8 @@ def train(cfg, mesh) -> dict:
     run_dir = run_dir_of(cfg)
     step_lib.enable_x64_if_needed(cfg)  # before anything is traced (TRM: float64 stablemax loss)
     task = step_lib.make_task(cfg, mesh)
+    task.validate_data()  # a broken split or vocab fails here, not at the first evaluation
+    _check_init_from(cfg)
     _write_config(cfg, run_dir)
     ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint)
     data_iter = task.train_iterator()
@@ -108,17 +110,25 @@ def _write_config(cfg, run_dir) -> None:
 def _init_or_restore(cfg, task, ckpt, data_iter, run_dir):
     """-> (state, step, meta: best metric so far, skipped steps): the latest checkpoint of the run
     directory (the data iterator restored in place), else a new state (+ trainer.init_from)."""
-    latest = ckpt.latest_step() if cfg.run.resume else None
-    if latest is None:
+    abstract = step_lib.with_shardings(task.abstract_state, task.state_shardings)
+    found = None
+    if cfg.run.resume:  # the newest step that restores; damaged newer ones are moved aside
+        check = lambda meta, step: check_resumable(cfg, meta, f"{run_dir} step {step}")  # noqa: E731
+        found = ckpt.restore_newest(abstract, data_iter, check)
+    if found is None:
         state = task.create_state()
         if cfg.trainer.init_from not in ("", "scratch"):
             state = task.import_weights(state, cfg.trainer.init_from)
         return state, 0, {}
-    check_resumable(cfg, ckpt.read_meta(latest), f"{run_dir} step {latest}")
-    abstract = step_lib.with_shardings(task.abstract_state, task.state_shardings)
-    state, meta = ckpt.restore(latest, abstract, data_iter)
+    _, state, meta = found
     log.info("resumed %s from step %d", run_dir, int(meta["step"]))
     return state, int(meta["step"]), meta
+
+
+def _check_init_from(cfg) -> None:
+    path = cfg.trainer.init_from
+    if path not in ("", "scratch") and not epath.Path(path).exists():
+        raise ConfigError(f"trainer.init_from={path!r}: no such file (a checkpoint to import)")
 
 
 def _log_due(cfg, step: int, stop: int) -> bool:

@@ -31,7 +31,7 @@ import numpy as np
 from flax import nnx
 
 from data.arc_eval import ARCEvaluator
-from data.puzzle_format import load_metadata
+from data.puzzle_format import load_metadata, load_split
 from data.puzzle_source import PuzzleTestDataset, PuzzleTrainDataset
 from models.state_dict import load_file
 from models.trm import TRM, TRMConfig
@@ -146,6 +146,31 @@ class TRMTask(Task):
                 importlib.import_module(module).main(args + ["--output-dir", path])
             sync_processes("trm_data_built")
         return load_metadata(path, "train")
+
+    def validate_data(self) -> None:
+        """Both splits (train, and test when a test/ directory exists) load through
+        data.puzzle_format.load_split (metadata, every array file, shapes, dtypes, token range);
+        the test split's seq_len, vocab and puzzle identifiers must fit the model (built from
+        the train metadata)."""
+        for split in ("train", "test"):
+            if split == "test" and not os.path.isdir(os.path.join(self.data_dir, split)):
+                continue  # no test split: evaluation is skipped (as before)
+            try:
+                meta = load_split(self.data_dir, split, mmap=True).metadata
+            except (OSError, ValueError) as e:  # PuzzleFormatError is a ValueError
+                raise ConfigError(f"data.path: {split} split: {e}") from e
+            m, where = self.model_cfg, os.path.join(self.data_dir, split, "dataset.json")
+            for key, have, limit in (
+                ("seq_len", meta.seq_len, m.seq_len),
+                ("vocab_size", meta.vocab_size, m.vocab_size),
+                ("num_puzzle_identifiers", meta.num_puzzle_identifiers, m.num_puzzle_identifiers),
+            ):
+                bad = have != limit if key == "seq_len" else have > limit
+                if bad:
+                    raise ConfigError(
+                        f"data.path: {where}: {key}={have}, but the model (from the train split) "
+                        f"has {key}={limit}"
+                    )
 
     def batch_shapes(self):
         L = self.meta.seq_len

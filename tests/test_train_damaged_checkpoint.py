@@ -1,0 +1,143 @@
+"""Resume with a damaged newest checkpoint: the previous step restores (one warning line), the
+damaged step is moved aside (nothing deleted), and the curve continues EXACTLY as an
+uninterrupted run's; with no step that restores, one ConfigError line."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import jax
+import pytest
+
+from parity.compare import EXACT, assert_close
+from tests.helpers import build_tiny_text, losses, tiny_gpt_overrides
+from train.compose import load_config
+from train.config import ConfigError
+from train.mesh import make_mesh
+from train.trainer import train
+
+# A representative file of each item of a step (tiny GPT, one process): the Orbax step metadata,
+# the meta JSON, the Grain iterator state, the state's tree metadata and manifest, and its
+# largest array data file ("ocdbt-data": found at run time, its name is a hash).
+FILES = [
+    "_CHECKPOINT_METADATA",
+    "meta/metadata",
+    "data/process_0-of-1.json",
+    "state/_METADATA",
+    "state/manifest.ocdbt",
+    "ocdbt-data",
+]
+HOW = ["truncate", "zero", "delete"]
+
+
+@pytest.fixture(scope="module")
+def text_dir(tmp_path_factory):
+    return build_tiny_text(str(tmp_path_factory.mktemp("synthetic_char")))
+
+
+@pytest.fixture(scope="module")
+def straight(text_dir, tmp_path_factory):
+    """The uninterrupted 8-step curve."""
+    out = str(tmp_path_factory.mktemp("straight"))
+    _run(tiny_gpt_overrides(text_dir, out, "straight"))
+    return _curve(os.path.join(out, "straight"))
+
+
+def _run(overrides):
+    cfg = load_config(overrides)
+    return train(cfg, make_mesh(cfg.mesh, devices=jax.devices()[:1]))
+
+
+def _curve(run_dir):
+    c = losses(run_dir)
+    return [c[s] for s in sorted(c)]
+
+
+def _files(root) -> set[str]:
+    return {
+        os.path.relpath(os.path.join(r, f), root) for r, _, fs in os.walk(root) for f in fs
+    }  # fmt: skip
+
+
+def _target(step_dir, name):
+    if name != "ocdbt-data":
+        return os.path.join(step_dir, name)
+    d = os.path.join(step_dir, "state", "ocdbt.process_0", "d")
+    return max((os.path.join(d, f) for f in os.listdir(d)), key=os.path.getsize)
+
+
+def _damage(path, how):
+    size = os.path.getsize(path)
+    if how == "delete":
+        os.remove(path)
+    elif how == "truncate":
+        with open(path, "r+b") as f:
+            f.truncate(size // 2)
+    else:
+        with open(path, "r+b") as f:
+            f.write(b"\0" * size)
+
+
+def _first_run(text_dir, out):
+    """Checkpoints at steps 3 and 6 (interval 3, stopped at 6)."""
+    args = tiny_gpt_overrides(text_dir, out, "r") + ["checkpoint.interval=3"]
+    _run(args + ["trainer.max_steps=6"])
+    ckpts = os.path.join(out, "r", "checkpoints")
+    assert {"3", "6"} <= set(os.listdir(ckpts)), os.listdir(ckpts)
+    return args, ckpts
+
+
+def _case(text_dir, straight, tmp_path, caplog, name, how):
+    out = str(tmp_path)
+    args, ckpts = _first_run(text_dir, out)
+    _damage(_target(os.path.join(ckpts, "6"), name), how)
+    before = _files(ckpts)
+    with caplog.at_level(logging.WARNING):
+        _run(args)  # resumes: step 6 fails, step 3 restores, steps 4..8 are trained again
+    warned = [r.getMessage() for r in caplog.records if "is damaged" in r.getMessage()]
+    after = _files(ckpts)
+    if name == "_CHECKPOINT_METADATA":
+        # Orbax's bookkeeping (commit time, handler names): it logs its own error and restores
+        # step 6 anyway, whose items are intact; nothing is moved, the curve is still exact.
+        assert not warned and before <= after | {f for f in before if f.startswith("3/")}
+        assert_close("train/loss, step 6 with damaged _CHECKPOINT_METADATA", _curve(
+            os.path.join(out, "r")), straight, EXACT)  # fmt: skip
+        return
+    assert len(warned) == 1 and "step 6" in warned[0] and "\n" not in warned[0], warned
+    # Nothing of the damaged step is deleted: it is in damaged-6/ (step 3 goes by keep_last=2).
+    moved = {"damaged-" + f for f in before if f.startswith("6/")}
+    assert moved and moved <= after, sorted(moved - after)
+    assert "6" in os.listdir(ckpts) and "8" in os.listdir(ckpts)  # saved again after resuming
+    resumed = _curve(os.path.join(out, "r"))
+    assert len(resumed) == 8
+    assert_close("train/loss after resuming past a damaged checkpoint", resumed, straight, EXACT)
+
+
+def test_damaged_latest_checkpoint_resumes_from_the_previous(text_dir, straight, tmp_path, caplog):
+    """Default tier: the largest array data file of the newest step truncated."""
+    _case(text_dir, straight, tmp_path, caplog, "ocdbt-data", "truncate")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", HOW)
+@pytest.mark.parametrize("name", FILES)
+def test_each_damaged_file_resumes_from_the_previous(
+    text_dir, straight, tmp_path, caplog, name, how
+):
+    if (name, how) == ("ocdbt-data", "truncate"):
+        pytest.skip("the default-tier case")
+    _case(text_dir, straight, tmp_path, caplog, name, how)
+
+
+def test_no_checkpoint_restores_is_one_line_error(text_dir, tmp_path):
+    out = str(tmp_path)
+    args, ckpts = _first_run(text_dir, out)
+    for step in ("3", "6"):
+        _damage(_target(os.path.join(ckpts, step), "ocdbt-data"), "zero")
+    before = _files(ckpts)
+    with pytest.raises(ConfigError) as e:
+        _run(args)
+    msg = str(e.value)
+    assert "\n" not in msg and ckpts in msg and "run.name" in msg, msg
+    assert _files(ckpts) == before  # nothing moved or deleted
