@@ -15,6 +15,7 @@ needed. Every process gets the same argv and composes the same config: no per-pr
 from __future__ import annotations
 
 import logging
+import pathlib
 import sys
 
 import hydra
@@ -47,7 +48,12 @@ def _job_run_name(name: str) -> str:
     return name
 
 
-@hydra.main(config_path="../configs", config_name="config", version_base="1.3")
+# An absolute path: Hydra resolves a relative one against the calling module's package when
+# main() is called in-process (tests), where "../configs" is no package.
+CONFIG_DIR = str(pathlib.Path(__file__).resolve().parent.parent / "configs")
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")
 def _run(cfg) -> dict:
     try:
         OmegaConf.set_struct(cfg, True)
@@ -74,8 +80,11 @@ def main(argv: list[str] | None = None) -> None:
         except ConfigError as e:
             sys.exit(f"error: {e}")
     initialize()  # before anything touches devices (importing the trainer does not)
-    sys.argv = [sys.argv[0], *args]
-    _run()
+    saved, sys.argv = sys.argv, [sys.argv[0], *args]  # Hydra reads its command line there
+    try:
+        _run()
+    finally:
+        sys.argv = saved
 
 
 if __name__ == "__main__":
