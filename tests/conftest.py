@@ -60,6 +60,18 @@ def pytest_collection_modifyitems(config, items):
             )
 
 
+@pytest.fixture(autouse=True)
+def _x64_does_not_leak():
+    """train() switches jax x64 on for the whole process when a run needs it (TRM's float64 loss);
+    an in-process run that leaves it on changes the numerics of every later in-process run in the
+    same worker (a GPT run then differs from its subprocess twin: kill-and-resume compares them
+    EXACTLY). Put the setting back after every test."""
+    before = jax.config.jax_enable_x64
+    yield
+    if jax.config.jax_enable_x64 != before:
+        jax.config.update("jax_enable_x64", before)
+
+
 @pytest.fixture
 def x64():
     """Run the test body with float64 enabled (parity comparisons through recursion)."""

@@ -71,7 +71,8 @@ def sudoku_dir(tmp_path_factory):
 def _trm_fails_before_step_1(data_dir, out) -> str:
     from tests.helpers import tiny_trm_overrides
 
-    cfg = load_config(tiny_trm_overrides(data_dir, out, "r"))
+    # float32 loss: train() would otherwise switch jax x64 on for this whole test process
+    cfg = load_config(tiny_trm_overrides(data_dir, out, "r") + ["optim.loss_dtype=float32"])
     with pytest.raises(ConfigError) as e:
         train(cfg, make_mesh(cfg.mesh, devices=jax.devices()[:1]))
     assert not os.path.exists(os.path.join(out, "r", "metrics.jsonl"))  # no step ran
