@@ -102,6 +102,7 @@ def _quiet():
     """Upstream prints progress, and train.py's torch.cuda.amp.GradScaler warns it is deprecated."""
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.compile imports torch.jit
         yield
 
 
@@ -144,7 +145,8 @@ def _forward(mod, name: str, cfg: dict) -> dict:
         model = mod.GPT(mod.GPTConfig(**cfg, dropout=0.0))
     # torch.compile wraps lazily (nothing is compiled until the first call): its state_dict has
     # the `_orig_mod.` keys train.py saves in ckpt.pt when compile=True.
-    state = (torch.compile(model) if name == "no_bias" else model).state_dict()
+    with _quiet():
+        state = (torch.compile(model) if name == "no_bias" else model).state_dict()
     arrays = {f"state/{k}": v.clone() for k, v in state.items()}
     idx, targets = _batch(cfg)
     arrays.update(idx=idx, targets=targets)
@@ -358,12 +360,7 @@ def _generate(mod, forward_bias: dict) -> dict:
     return {"prompt": prompt, "greedy": greedy, "sampled": sampled, "probs": torch.stack(probs)}
 
 
-def generate(src: Path, out: Path) -> dict:
-    """Run upstream nanoGPT from checkout `src` and write the fixtures and manifest to `out`."""
-    import torch
-
-    src = Path(src).resolve()
-    out = Path(out)
+def _generate_all(src: Path, out: Path) -> tuple[dict, dict]:
     files = {}
     with upstream_on_path(src):
         mod = _load_model_py(src)
@@ -372,16 +369,36 @@ def generate(src: Path, out: Path) -> dict:
             forward[name] = _forward(mod, name, cfg)
             files[f"forward_{name}"] = save_npz(out, f"forward_{name}", forward[name])
         for dtype in ("float32", "float64"):
-            arrays = _train(src, dtype)
-            files[f"train_{dtype}"] = save_npz(out, f"train_{dtype}", arrays)
+            files[f"train_{dtype}"] = save_npz(out, f"train_{dtype}", _train(src, dtype))
         lr_arrays, lr_settings = _get_lr(src)
         files["get_lr"] = save_npz(out, "get_lr", lr_arrays)
         files["generate"] = save_npz(out, "generate", _generate(mod, forward["bias"]))
+    return files, lr_settings
+
+
+def generate(src: Path, out: Path) -> dict:
+    """Run upstream nanoGPT from checkout `src` and write the fixtures and manifest to `out`."""
+    import torch
+
+    src = Path(src).resolve()
+    out = Path(out)
+    threads = torch.get_num_threads()
+    # ATen splits reductions by thread: another thread count gives other float32 bits (measured:
+    # a LayerNorm weight gradient 1.4e-7 of scale apart). One thread, whatever the machine.
+    torch.set_num_threads(1)
+    try:
+        files, lr_settings = _generate_all(src, out)
+    finally:
+        torch.set_num_threads(threads)
     section = {
         "upstream": "karpathy/nanoGPT",
         "commit": git_commit(src),
         "torch": torch.__version__,
         "numpy": np.__version__,
+        # ATen picks its vector kernels by CPU: float bits are reproducible on the same torch,
+        # thread count and capability; elsewhere within float round-off
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_threads": 1,
         "stand_ins": {},
         "stand_ins_why": "none needed: model.py and train.py (device='cpu') run on a CPU as is",
         "forward": {
@@ -417,8 +434,7 @@ def generate(src: Path, out: Path) -> dict:
         "generate": {
             **GENERATE,
             "prompt": GENERATE_PROMPT,
-            "weights": f"forward_bias state in float64, every ndim >= 2 tensor x "
-            f"{GENERATE_SCALE}",
+            "weights": f"forward_bias state in float64, every ndim >= 2 tensor x {GENERATE_SCALE}",
             "probs": "each row passed to torch.multinomial, recorded by a wrapper that calls it",
             "greedy": "model.generate(prompt, max_new_tokens, temperature=1.0, top_k=1)",
         },
