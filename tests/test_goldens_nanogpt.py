@@ -37,6 +37,7 @@ from models.gpt import (
 from models.gpt.train_step import lr_schedule
 from models.state_dict import COMPILE_PREFIX
 from parity.compare import EXACT, FLOAT32, FLOAT64, assert_all_close, assert_close
+from parity.envelope import Envelope
 from parity.goldens.common import load_npz
 
 GOLDENS = Path(__file__).parent / "goldens" / "nanogpt"
@@ -190,7 +191,13 @@ def test_three_train_py_steps_match_upstream(dtype_env):
     """upstream train.py's own three iterations (its batches, gradient accumulation 2, its get_lr
     in three phases, clip_grad_norm_ active in some steps only, AdamW): the port's jitted
     train_step from the same initial weights gives the same lr, loss and gradient norm, and
-    every parameter after every step."""
+    every parameter after every step.
+
+    float64 within FLOAT64. float32 within the one-ulp envelope of upstream's own run (stored
+    with the fixture, parity/envelope.py), not FLOAT32: Adam divides by sqrt(v) + eps, so where
+    a gradient is small the update carries its round-off at full size; one ulp of upstream's
+    initial weights already moves its own step-1 weights by 2.1e-5 of scale, above FLOAT32's
+    1e-5 (the port differs by 7.1e-6: inside FLOAT32 on this CPU by chance, not by design)."""
     dtype = dtype_env
     f = _fixture(f"train_{dtype}")
     o = MANIFEST["train"]["overrides"]
@@ -214,7 +221,9 @@ def test_three_train_py_steps_match_upstream(dtype_env):
     step = jax.jit(
         functools.partial(train_step, graphdef, grad_clip=o["grad_clip"], lr=lr_schedule(**lr_kw))
     )
+    envelope = Envelope([{"all": float(e)} for e in f["envelope"]])
     for k in range(f["x"].shape[0]):
+        tol = TOL[dtype] if dtype == "float64" else envelope.tolerance(k, "all")
         state, metrics = step(state, {"x": f["x"][k], "y": f["y"][k]})
         assert get_lr(k, **lr_kw) == f["lr"][k]  # the lr upstream set for this iteration
         model, _ = nnx.merge(graphdef, state)
@@ -225,7 +234,7 @@ def test_three_train_py_steps_match_upstream(dtype_env):
                 (f"step {k + 1} grad norm", metrics["grad_norm"], norms[k]),
                 *[(f"step {k + 1} {n}", after[n], v) for n, v in expected.items()],
             ],
-            TOL[dtype],
+            tol,
         )
     moved = max(float(np.abs(f[f"step3/{n}"] - v).max()) for n, v in init.items())
     assert moved > 1e-3  # the steps really moved the weights

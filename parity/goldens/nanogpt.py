@@ -23,7 +23,8 @@ and each of the observation points above. Fixture files (all `.npz`, float32 and
   the float64 model is upstream's float32 model after `.double()` (exact widening), and the
   param groups of configure_optimizers: `groups/<i>/names`, `groups/<i>/<hyperparameter>`;
 - train_{float32,float64}.npz: train.py's run: `init/<key>`, `x`, `y` ([iters, accum, B, T]),
-  `loss` ([iters, accum]), `lr`, `grad_norm` (before clipping), `step<k>/<key>` after step k;
+  `loss` ([iters, accum]), `lr`, `grad_norm` (before clipping), `step<k>/<key>` after step k,
+  `envelope` (per step: how far one ulp of the initial weights moves upstream's own run);
 - get_lr.npz: `<setting>/it`, `<setting>/lr` for shakespeare_char and owt;
 - generate.npz: upstream's GPT.generate on the forward_bias weights in float64 with every matrix
   (ndim >= 2) multiplied by GENERATE_SCALE (so an untrained model's choices change from step to
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import importlib.util
 import io
 import math
@@ -47,6 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
+from parity.envelope import perturb_one_ulp_
 from parity.goldens.common import git_commit, save_npz, upstream_on_path, write_manifest
 
 FORWARD_CONFIGS = {
@@ -85,6 +88,7 @@ TRAIN_OVERRIDES = dict(
     log_interval=1,
     grad_clip=0.74,
 )
+ENVELOPE_SEEDS = (1, 2)  # one-ulp perturbations of train.py's initial weights (parity/envelope.py)
 TRAIN_VOCAB = 65
 TRAIN_DATA_SEED = 0
 TRAIN_DATA_LEN = 4096
@@ -167,9 +171,42 @@ def _forward(mod, name: str, cfg: dict) -> dict:
     return arrays
 
 
+def _is_train_py_gpt(module) -> bool:
+    return type(module).__name__ == "GPT" and module.__module__ == "model"
+
+
+def _pre_forward(record: dict, module, args):
+    if not _is_train_py_gpt(module):
+        return
+    if record["perturb"] is not None and "perturbed" not in record:
+        perturb_one_ulp_(module, record["perturb"])  # its first call: before any step
+        record["perturbed"] = True
+    if module.training:
+        record["batches"].append((args[0].clone(), args[1].clone()))
+        record["model"] = module
+
+
+def _post_forward(record: dict, module, args, output):
+    if _is_train_py_gpt(module) and module.training:
+        record["losses"].append(output[1].detach().clone())
+
+
+def _pre_step(record: dict, optimizer, args, kwargs):
+    if not record["steps"]:
+        record["init"] = _named_state(record["model"])
+
+
+def _post_step(record: dict, optimizer, args, kwargs):
+    if not record["steps"]:
+        record["groups"] = _groups(record["model"], optimizer)
+    record["lr"].append([g["lr"] for g in optimizer.param_groups])
+    record["steps"].append(_named_state(record["model"]))
+
+
 @contextlib.contextmanager
 def _observe_training(record: dict):
-    """Global torch hooks that watch train.py's run without changing it."""
+    """Global torch hooks that watch train.py's run (and, for an envelope run, move its initial
+    weights by one ulp); a wrapper records what clip_grad_norm_ returns, unchanged."""
     import torch
     from torch.nn.modules.module import (
         register_module_forward_hook,
@@ -180,28 +217,6 @@ def _observe_training(record: dict):
         register_optimizer_step_pre_hook,
     )
 
-    def _is_gpt(module):
-        return type(module).__name__ == "GPT" and module.__module__ == "model"
-
-    def pre_forward(module, args):
-        if _is_gpt(module) and module.training:
-            record["batches"].append((args[0].clone(), args[1].clone()))
-            record["model"] = module
-
-    def post_forward(module, args, output):
-        if _is_gpt(module) and module.training:
-            record["losses"].append(output[1].detach().clone())
-
-    def pre_step(optimizer, args, kwargs):
-        if not record["steps"]:
-            record["init"] = _named_state(record["model"])
-
-    def post_step(optimizer, args, kwargs):
-        if not record["steps"]:
-            record["groups"] = _groups(record["model"], optimizer)
-        record["lr"].append([g["lr"] for g in optimizer.param_groups])
-        record["steps"].append(_named_state(record["model"]))
-
     real_clip = torch.nn.utils.clip_grad_norm_
 
     def clip(*args, **kwargs):
@@ -210,10 +225,10 @@ def _observe_training(record: dict):
         return norm
 
     handles = [
-        register_module_forward_pre_hook(pre_forward),
-        register_module_forward_hook(post_forward),
-        register_optimizer_step_pre_hook(pre_step),
-        register_optimizer_step_post_hook(post_step),
+        register_module_forward_pre_hook(functools.partial(_pre_forward, record)),
+        register_module_forward_hook(functools.partial(_post_forward, record)),
+        register_optimizer_step_pre_hook(functools.partial(_pre_step, record)),
+        register_optimizer_step_post_hook(functools.partial(_post_step, record)),
     ]
     torch.nn.utils.clip_grad_norm_ = clip
     try:
@@ -242,11 +257,13 @@ def _write_data(root: Path) -> None:
         pickle.dump({"vocab_size": TRAIN_VOCAB}, f)
 
 
-def _train(src: Path, dtype: str) -> dict:
-    """Run upstream's train.py (three iterations) and return what the hooks saw."""
+def _train(src: Path, dtype: str, perturb: int | None = None) -> dict:
+    """Run upstream's train.py (three iterations) and return what the hooks saw. `perturb`: a
+    seed; the model's weights are moved by one ulp (parity.envelope) at its first call."""
     import torch
 
     record = {"batches": [], "losses": [], "lr": [], "grad_norm": [], "steps": []}
+    record["perturb"] = perturb
     argv = ["train.py"] + [f"--{k}={_argv_value(v)}" for k, v in TRAIN_OVERRIDES.items()]
     code = compile((src / "train.py").read_text(), str(src / "train.py"), "exec")
     cwd, saved_argv, saved_dtype = os.getcwd(), sys.argv, torch.get_default_dtype()
@@ -279,6 +296,29 @@ def _train(src: Path, dtype: str) -> dict:
     for i, state in enumerate(record["steps"]):
         arrays.update({f"step{i + 1}/{k}": v for k, v in state.items()})
     return arrays
+
+
+def _scale_rel(a, e) -> float:
+    """max|a - e| / max|e| (as parity.envelope measures a move)."""
+    a, e = (np.asarray(v, dtype=np.float64) for v in (a, e))
+    scale = float(np.abs(e).max())
+    return float(np.abs(a - e).max()) / scale if scale > 0 else float(np.abs(a - e).max())
+
+
+def _envelope(reference: dict, perturbed: list[dict]) -> np.ndarray:
+    """Per step: the largest scale-relative move, over the perturbed runs, of the loss, the
+    gradient norm and every parameter (parity/envelope.py's measure, from upstream's own run)."""
+    n = reference["x"].shape[0]
+    out = np.zeros(n)
+    for run in perturbed:
+        assert np.array_equal(run["x"], reference["x"]), "one ulp changed train.py's batches"
+        for k in range(n):
+            pairs = [(run["loss"][k], reference["loss"][k])]
+            pairs.append((run["grad_norm"][k], reference["grad_norm"][k]))
+            prefix = f"step{k + 1}/"
+            pairs += [(v, reference[name]) for name, v in run.items() if name.startswith(prefix)]
+            out[k] = max(out[k], *(_scale_rel(a, e) for a, e in pairs))
+    return out
 
 
 def _module_assignments(path: Path, names) -> dict:
@@ -369,7 +409,11 @@ def _generate_all(src: Path, out: Path) -> tuple[dict, dict]:
             forward[name] = _forward(mod, name, cfg)
             files[f"forward_{name}"] = save_npz(out, f"forward_{name}", forward[name])
         for dtype in ("float32", "float64"):
-            files[f"train_{dtype}"] = save_npz(out, f"train_{dtype}", _train(src, dtype))
+            arrays = _train(src, dtype)
+            arrays["envelope"] = _envelope(
+                arrays, [_train(src, dtype, seed) for seed in ENVELOPE_SEEDS]
+            )
+            files[f"train_{dtype}"] = save_npz(out, f"train_{dtype}", arrays)
         lr_arrays, lr_settings = _get_lr(src)
         files["get_lr"] = save_npz(out, "get_lr", lr_arrays)
         files["generate"] = save_npz(out, "generate", _generate(mod, forward["bias"]))
@@ -423,6 +467,10 @@ def generate(src: Path, out: Path) -> dict:
             f"{TRAIN_DATA_LEN}, uint16) for train.bin then val.bin; meta.pkl vocab_size "
             f"{TRAIN_VOCAB}",
             "seed": "train.py's own torch.manual_seed(1337)",
+            "envelope": f"train.py run again with its initial weights moved by one ulp "
+            f"(parity.envelope.perturb_one_ulp_, seeds {list(ENVELOPE_SEEDS)}, at the model's "
+            "first call); per step the largest scale-relative move of loss, gradient norm and "
+            "every parameter",
             "float64": "torch.set_default_dtype(torch.float64) around the run (train.py's dtype "
             "option only selects CUDA autocast), so the model is created in float64",
         },
