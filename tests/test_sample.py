@@ -4,7 +4,6 @@ char and BPE encodings, FILE: prompts, and the one-line errors for bad input."""
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -173,3 +172,31 @@ def test_bad_input_is_one_clear_line(char_ckpt, tmp_path):
     _one_line_error([path, "--start", f"FILE:{tmp_path / 'nope.txt'}"], "nope.txt")
     _one_line_error([path, "--temperature", "-1"], "--temperature")
     _one_line_error([path, "--meta", tmp_path / "none.json"], "none.json")
+
+
+@pytest.mark.slow  # ~20 s on 2 cores (a trainer run, an export, two restores)
+def test_run_directory_samples_as_its_exported_ckpt(tmp_path):
+    """A run directory of the trainer (3 steps of a tiny char GPT) samples the same text as the
+    nanoGPT ckpt.pt that train.export writes from it: the run's checkpoint, vocabulary (from the
+    run's data.path meta) and architecture are read back, and the export's config names the data
+    directory whose meta gives the same characters."""
+    import jax
+
+    from tests.helpers import build_tiny_text, tiny_gpt_overrides
+    from train.compose import load_config
+    from train.export import export
+    from train.mesh import make_mesh
+    from train.trainer import train
+
+    data = build_tiny_text(str(tmp_path / "text"))
+    cfg = load_config(tiny_gpt_overrides(data, str(tmp_path), "run", steps=3))
+    train(cfg, make_mesh(cfg.mesh, devices=jax.devices()[:1]))
+    run_dir = str(tmp_path / "run")
+    ckpt = export(run_dir, str(tmp_path / "out" / "ckpt.pt"))
+    argv = ["--start", "ALDA:\n", "--num-samples", "2", "--max-new-tokens", "20", "--seed", "3"]
+    from_run, err = _cli([run_dir, *argv])
+    assert err is None, err
+    from_ckpt, err = _cli([ckpt, *argv])
+    assert err is None, err
+    assert from_run == from_ckpt and all(t.startswith("ALDA:\n") for t in from_run)
+    assert len(from_run[0]) == len("ALDA:\n") + 20  # one character per token: the char vocabulary
