@@ -81,8 +81,11 @@ class BPECodec:
 
         try:
             self.enc = get_encoding(name)
-        except RuntimeError as e:
-            raise SampleError(str(e).replace("--encoding bytes", "a meta with 'encoding'")) from e
+        except RuntimeError as e:  # GPT-2's BPE files are downloaded on first use
+            raise SampleError(
+                f"{e} (no meta.json / meta.pkl was found for this checkpoint, so the encoding is "
+                "GPT-2 BPE, as in nanoGPT; a character-level data set's meta goes in --meta)"
+            ) from e
         self.allowed = {EOT_TEXT} & set(self.enc.special_tokens_set)
         self.name = f"BPE (tiktoken {name!r})"
 
