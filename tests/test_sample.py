@@ -179,7 +179,7 @@ def test_run_directory_samples_as_its_exported_ckpt(tmp_path):
     """A run directory of the trainer (3 steps of a tiny char GPT) samples the same text as the
     nanoGPT ckpt.pt that train.export writes from it: the run's checkpoint, vocabulary (from the
     run's data.path meta) and architecture are read back, and the export's config names the data
-    directory whose meta gives the same characters."""
+    directory whose meta gives the same characters. A meta of another vocabulary is one line."""
     import jax
 
     from tests.helpers import build_tiny_text, tiny_gpt_overrides
@@ -200,3 +200,9 @@ def test_run_directory_samples_as_its_exported_ckpt(tmp_path):
     assert err is None, err
     assert from_run == from_ckpt and all(t.startswith("ALDA:\n") for t in from_run)
     assert len(from_run[0]) == len("ALDA:\n") + 20  # one character per token: the char vocabulary
+    # the trainer took vocab_size from the data set's meta: another meta cannot restore the run
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "input.txt").write_text(TEXT, encoding="utf-8")
+    build_char(other, input_path=other / "input.txt")
+    _one_line_error([run_dir, "--meta", other], "does not restore", "'vocab_size': 30", "(47, 32)")
