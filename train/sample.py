@@ -181,8 +181,12 @@ def _hf_config(path: str, sd: dict) -> GPTConfig:
         with open(cfg_json, encoding="utf-8") as f:
             n_head = int(json.load(f)["n_head"])
     else:
-        match = [p for p in PRESETS.values() if p["n_embd"] == n_embd and p["n_layer"] == n_layer]
-        if not match or not match[0]["bias"]:
+        match = [
+            p
+            for p in PRESETS.values()
+            if p["n_embd"] == n_embd and p["n_layer"] == n_layer and p["bias"]
+        ]
+        if not match:
             raise SampleError(
                 f"{path}: n_embd={n_embd}, n_layer={n_layer} is no GPT-2 size; put HF's "
                 "config.json (with n_head) beside it"
@@ -203,7 +207,7 @@ def load_hf_safetensors(path: str, dtype: str | None = None):
     """-> (model, search dirs) from an HF GPT-2 .safetensors file."""
     sd = load_file(path)
     config = _with_dtype(_hf_config(path, sd), dtype)
-    return from_torch(sd, config, layout="hf"), [os.path.dirname(os.path.abspath(path))]
+    return from_torch(sd, config), [os.path.dirname(os.path.abspath(path))]
 
 
 def _sampling_mesh_cfg(cfg):
@@ -239,9 +243,12 @@ def load_run(run_dir: str, step: int | None = None, meta_path: str | None = None
     task = step_lib.make_task(cfg, mesh, need_data=False)
     ckpt = Checkpointer(epath.Path(run_dir) / "checkpoints", cfg.checkpoint)
     try:
-        step = ckpt.latest_step() if step is None else step
-        if step is None:
+        steps = sorted(ckpt.manager.all_steps())
+        if not steps:
             raise SampleError(f"{run_dir}/checkpoints holds no checkpoint")
+        step = steps[-1] if step is None else step
+        if step not in steps:
+            raise SampleError(f"--step {step}: {run_dir}/checkpoints holds steps {steps}")
         abstract = step_lib.with_shardings(task.abstract_state, task.state_shardings)
         try:
             state, _ = ckpt.restore(step, abstract)
@@ -394,7 +401,7 @@ def main(argv=None) -> list[str]:
             seed=args.seed,
         )
     except (SampleError, FileNotFoundError, StateDictError, UnsafeCheckpointError) as e:
-        sys.exit(f"train.sample: {e}")
+        sys.exit("train.sample: " + " ".join(line.strip() for line in str(e).splitlines()))
     for text in texts:
         print(text)
         print(SEPARATOR)
