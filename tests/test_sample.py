@@ -112,10 +112,11 @@ def test_file_prompt_is_the_file_contents(char_ckpt, tmp_path):
     assert texts == EXPECTED
 
 
-def test_char_and_bpe_encodings(char_ckpt, tmp_path):
+def test_char_and_bpe_encodings(char_ckpt, tmp_path, x64):
     """Char: the meta beside ckpt.pt (meta.json preferred, the data-only meta.pkl alike). BPE: a
     tiktoken encoding named by a data.openwebtext meta (the offline byte-level one), here for an HF
-    GPT-2 .safetensors file, whose architecture comes from the config.json beside it."""
+    GPT-2 .safetensors file, whose architecture comes from the config.json beside it; its greedy
+    text is torch's (float64, tanh GELU)."""
     from safetensors.torch import save_file
 
     path, _ = char_ckpt
@@ -141,7 +142,7 @@ def test_char_and_bpe_encodings(char_ckpt, tmp_path):
     save_file(hf, str(hf_dir / "model.safetensors"))
     (hf_dir / "config.json").write_text(json.dumps({"n_head": ARCH["n_head"]}))
     model, bpe = sample_cli.load_source(
-        str(hf_dir / "model.safetensors"), meta=str(tmp_path / "owt")
+        str(hf_dir / "model.safetensors"), meta=str(tmp_path / "owt"), dtype="float64"
     )
     assert isinstance(bpe, sample_cli.BPECodec)
     assert model.config.gelu_approximate and model.config.vocab_size == 257
@@ -149,7 +150,7 @@ def test_char_and_bpe_encodings(char_ckpt, tmp_path):
     assert bpe.encode(prompt) == list(prompt.encode("utf-8"))
     (text,) = sample_cli.sample(model, bpe, prompt, num_samples=1, max_new_tokens=8, temperature=0)
     with torch.no_grad():
-        ref = tmodel.generate(torch.tensor([bpe.encode(prompt)]), 8, top_k=1)[0].tolist()
+        ref = tmodel.double().generate(torch.tensor([bpe.encode(prompt)]), 8, top_k=1)[0].tolist()
     assert text == bpe.decode(ref)
 
 
