@@ -14,11 +14,15 @@ needed. Every process gets the same argv and composes the same config: no per-pr
 
 from __future__ import annotations
 
+import glob
+import importlib.util
 import logging
+import os
 import pathlib
 import sys
 
 import hydra
+import jax
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import OmegaConf
@@ -68,7 +72,28 @@ def _run(cfg) -> dict:
         finally:
             log_compilation_cache_stats()  # hits / misses of this process
     except (ConfigError, NonfiniteError) as e:  # NonfiniteError: trainer.on_nonfinite=stop
-        sys.exit(f"error: {e}")  # exit status 1, no traceback: it is the user's input
+        _exit_with(e)  # exit status 1, no traceback: it is the user's input
+
+
+def _exit_with(e: BaseException):
+    """One line `error: ...` and exit status 1; HYDRA_FULL_ERROR=1 re-raises for the traceback."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        raise e
+    sys.exit("error: " + " ".join(str(e).split()))
+
+
+def quiet_tpu_probe(environ=os.environ) -> str | None:
+    """JAX_PLATFORMS=cpu when libtpu is installed (`make test` installs it) but this machine has
+    neither a TPU nor an NVIDIA GPU: otherwise every run starts with libtpu's probe errors. Left
+    alone when JAX_PLATFORMS is set. -> the value set, or None."""
+    if "JAX_PLATFORMS" in environ or importlib.util.find_spec("libtpu") is None:
+        return None
+    accelerators = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*")
+    if any(glob.glob(pattern) for pattern in accelerators):
+        return None
+    environ["JAX_PLATFORMS"] = "cpu"  # for child processes
+    jax.config.update("jax_platforms", "cpu")  # jax read the variable when it was imported
+    return "cpu"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -78,7 +103,9 @@ def main(argv: list[str] | None = None) -> None:
         try:  # Hydra's own composition errors span several lines; ours are one line
             load_config(args)
         except ConfigError as e:
-            sys.exit(f"error: {e}")
+            _exit_with(e)
+    if quiet_tpu_probe():  # before JAX starts a backend
+        logging.getLogger(__name__).info("JAX_PLATFORMS=cpu: libtpu is installed, no TPU here")
     initialize()  # before anything touches devices (importing the trainer does not)
     saved, sys.argv = sys.argv, [sys.argv[0], *args]  # Hydra reads its command line there
     try:
