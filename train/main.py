@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
         except ConfigError as e:
             _exit_with(e)
     if quiet_tpu_probe():  # before JAX starts a backend
-        logging.getLogger(__name__).info("JAX_PLATFORMS=cpu: libtpu is installed, no TPU here")
+        logging.getLogger(__name__).info("JAX_PLATFORMS=cpu: no TPU or GPU device on this machine")
     initialize()  # before anything touches devices (importing the trainer does not)
     saved, sys.argv = sys.argv, [sys.argv[0], *args]  # Hydra reads its command line there
     try:

@@ -167,14 +167,7 @@ class TRMTask(Task):
         self.total_steps = int(t.total_steps) or schedule_steps(
             self.epochs, meta.total_groups, meta.mean_puzzle_examples, self.batch
         )
-        if self.total_steps <= 0:  # upstream's formula rounds down to 0 steps
-            examples = meta.total_groups * meta.mean_puzzle_examples
-            raise ConfigError(
-                f"trainer.global_batch_size={self.batch} is larger than the data set: "
-                f"trainer.epochs={self.epochs} x {examples:g} examples per epoch "
-                f"(data.path={self.data_dir!r}, train split: {meta.total_groups} groups x "
-                f"{meta.mean_puzzle_examples:g}) gives 0 steps; lower the batch or raise the epochs"
-            )
+        self._check_batch_fits(meta)
         self.optim = _optim_config(cfg, self.total_steps)
         if self.optim.loss_dtype == "float64" and not jax.config.jax_enable_x64:
             raise ValueError(
@@ -189,6 +182,28 @@ class TRMTask(Task):
         self._setup()
 
     # --- data -------------------------------------------------------------------------------
+    def _check_batch_fits(self, meta) -> None:
+        """ConfigError when the batch is larger than the data: upstream's step count rounds down
+        to 0, or an iteration (eval_interval_epochs epochs) holds less than one batch, so the
+        run would end without a step."""
+        per_epoch = meta.total_groups * meta.mean_puzzle_examples  # one example drawn per group
+        where = (
+            f"data.path={self.data_dir!r}: {per_epoch:g} examples per epoch "
+            f"({meta.total_groups} groups x {meta.mean_puzzle_examples:g})"
+        )
+        if self.total_steps <= 0:
+            raise ConfigError(
+                f"trainer.global_batch_size={self.batch} is larger than the data set: "
+                f"trainer.epochs={self.epochs} x {where} gives 0 steps; lower the batch or "
+                "raise trainer.epochs"
+            )
+        if self.epochs and self.eval_epochs * per_epoch < self.batch:
+            raise ConfigError(
+                f"trainer.global_batch_size={self.batch} is larger than one iteration of the "
+                f"data set: data.eval_interval_epochs={self.eval_epochs} x {where} holds no "
+                "full batch; lower the batch or raise data.eval_interval_epochs"
+            )
+
     def _prepare_data(self, d: dict):
         path = self.data_dir
         if not path:
