@@ -23,7 +23,10 @@ import sys
 
 import hydra
 import jax
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
@@ -42,6 +45,24 @@ _HYDRA_FLAGS = ("-", "hydra.", "hydra/")
 
 def _is_plain_run(args: list[str]) -> bool:
     return not any(a.startswith(_HYDRA_FLAGS) for a in args)
+
+
+_MULTIRUN = ("-m", "--multirun")
+
+
+def _sweep_jobs(args: list[str]) -> list[list[str]]:
+    """The overrides of each job of a plain `-m` sweep, expanded as Hydra's basic sweeper does
+    (the product of the comma lists); [] when `args` is no sweep or has other Hydra flags."""
+    rest = [a for a in args if a not in _MULTIRUN]
+    if len(rest) == len(args) or not _is_plain_run(rest):
+        return []
+    try:
+        overrides = OverridesParser.create().parse_overrides(rest)
+        return [
+            list(job) for batch in BasicSweeper.split_arguments(overrides, None) for job in batch
+        ]
+    except HydraException as e:  # OverrideParseException: a grammar error in an override
+        raise ConfigError(f"config error: {' '.join(str(e).split())}") from e
 
 
 def _job_run_name(name: str) -> str:
@@ -99,11 +120,16 @@ def quiet_tpu_probe(environ=os.environ) -> str | None:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     config_lib.register_schema()  # base_config, before Hydra composes
-    if _is_plain_run(args):
-        try:  # Hydra's own composition errors span several lines; ours are one line
+    try:  # Hydra's own composition errors span several lines; ours are one line
+        if _is_plain_run(args):
             load_config(args)
-        except ConfigError as e:
-            _exit_with(e)
+        for n, job in enumerate(_sweep_jobs(args)):  # every job of a sweep, before the first runs
+            try:
+                load_config(job)
+            except ConfigError as e:
+                raise ConfigError(f"sweep job {n} ({' '.join(job)}): {e}") from e
+    except ConfigError as e:
+        _exit_with(e)
     if quiet_tpu_probe():  # before JAX starts a backend
         logging.getLogger(__name__).info("JAX_PLATFORMS=cpu: no TPU or GPU device on this machine")
     initialize()  # before anything touches devices (importing the trainer does not)
