@@ -136,7 +136,8 @@ def test_batch_larger_than_the_data_set_says_so(sudoku_dir, tmp_path, batch, exp
 def test_finished_checkpoint_rerun_keeps_final_json_and_names_ignored_init_from(
     text_dir, tmp_path, caplog
 ):
-    """The run directory holds the last step's checkpoint (written here with the trainer's own
+    """A trainer.init_from that is not a checkpoint is one line. Then the run directory holds the
+    last step's checkpoint (written here with the trainer's own
     Checkpointer and meta, from the initial state: no step is compiled) and a final.json. Started
     again with trainer.init_from and data.input set, train() restores, says init_from was not
     imported (naming the step), that data.input was not read and that the run is already
@@ -146,8 +147,12 @@ def test_finished_checkpoint_rerun_keeps_final_json_and_names_ignored_init_from(
     input_txt = os.path.join(text_dir, "input.txt")
     cfg = load_config(overrides + [f"trainer.init_from={input_txt}", f"data.input={input_txt}"])
     mesh = make_mesh(cfg.mesh, devices=jax.devices()[:1])
-    task = make_task(cfg, mesh)
     run_dir = os.path.join(out, "r")
+    # First without a checkpoint: init_from is imported, and a file that is no checkpoint is one
+    # line naming it (not torch's unpickling traceback).
+    with pytest.raises(ConfigError, match=r"trainer.init_from=.*input.txt': cannot import it: "):
+        train(cfg, mesh)
+    task = make_task(cfg, mesh)
     ckpt = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.checkpoint)
     meta = {"step": 4, "best": 2.5, "best_step": 4, "resume": resume_settings(cfg)}
     ckpt.save(4, task.create_state(), task.train_iterator(), meta=meta, force=True)
