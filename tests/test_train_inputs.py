@@ -141,7 +141,8 @@ def test_finished_checkpoint_rerun_keeps_final_json_and_names_ignored_init_from(
     Checkpointer and meta, from the initial state: no step is compiled) and a final.json. Started
     again with trainer.init_from and data.input set, train() restores, says init_from was not
     imported (naming the step), that data.input was not read and that the run is already
-    finished, returns at once and leaves final.json as it was."""
+    finished, returns at once and leaves final.json as it was. A missing init_from file is still
+    an error on resume."""
     out = str(tmp_path / "runs")
     overrides = tiny_gpt_overrides(text_dir, out, "r", steps=4)
     input_txt = os.path.join(text_dir, "input.txt")
@@ -170,6 +171,10 @@ def test_finished_checkpoint_rerun_keeps_final_json_and_names_ignored_init_from(
     assert f"data.input={input_txt!r} was not read: data.path={text_dir!r} already holds" in text
     assert f"{run_dir} already finished at step 4 (final.json kept)" in text, text
     assert not os.path.exists(os.path.join(run_dir, "metrics.jsonl"))  # no step, no logger
+    # A missing init_from is an error even though the run would resume and not import it.
+    cfg = load_config(overrides + [f"trainer.init_from={tmp_path}/nope.pt"])
+    with pytest.raises(ConfigError, match=r"trainer.init_from=.*nope.pt.*no such file"):
+        train(cfg, mesh)
 
 
 @pytest.mark.slow
