@@ -136,8 +136,7 @@ def test_batch_larger_than_the_data_set_says_so(sudoku_dir, tmp_path, batch, exp
 def test_finished_checkpoint_rerun_keeps_final_json_and_names_ignored_init_from(
     text_dir, tmp_path, caplog
 ):
-    """A trainer.init_from that is not a checkpoint is one line. Then the run directory holds the
-    last step's checkpoint (written here with the trainer's own
+    """The run directory holds the last step's checkpoint (written here with the trainer's own
     Checkpointer and meta, from the initial state: no step is compiled) and a final.json. Started
     again with trainer.init_from and data.input set, train() restores, says init_from was not
     imported (naming the step), that data.input was not read and that the run is already
@@ -149,10 +148,6 @@ def test_finished_checkpoint_rerun_keeps_final_json_and_names_ignored_init_from(
     cfg = load_config(overrides + [f"trainer.init_from={input_txt}", f"data.input={input_txt}"])
     mesh = make_mesh(cfg.mesh, devices=jax.devices()[:1])
     run_dir = os.path.join(out, "r")
-    # First without a checkpoint: init_from is imported, and a file that is no checkpoint is one
-    # line naming it (not torch's unpickling traceback).
-    with pytest.raises(ConfigError, match=r"trainer.init_from=.*input.txt': cannot import it: "):
-        train(cfg, mesh)
     task = make_task(cfg, mesh)
     ckpt = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.checkpoint)
     meta = {"step": 4, "best": 2.5, "best_step": 4, "resume": resume_settings(cfg)}
@@ -179,12 +174,19 @@ def test_finished_checkpoint_rerun_keeps_final_json_and_names_ignored_init_from(
 
 @pytest.mark.slow
 def test_finished_run_rerun_keeps_final_json_and_says_what_it_ignored(text_dir, tmp_path, caplog):
-    """One tiny GPT run to its end (run directory and summary lines printed), then the same run
-    again with trainer.init_from and data.input set: it says it resumed instead of importing,
-    that data.input was not read, that the run is already finished, and final.json is unchanged.
-    A missing init_from file is still an error on resume."""
+    """An init_from that is no checkpoint is one line. One tiny GPT run to its end (run directory
+    and summary lines printed), then the same run again with trainer.init_from and data.input
+    set: it says it resumed instead of importing, that data.input was not read, that the run is
+    already finished, and final.json is unchanged. A missing init_from file is still an error on
+    resume."""
     out = str(tmp_path / "runs")
     overrides = tiny_gpt_overrides(text_dir, out, "r", steps=4)
+    # Without a checkpoint init_from is imported: a file that is no checkpoint is one line
+    # naming it (not torch's unpickling traceback).
+    input_txt = os.path.join(text_dir, "input.txt")
+    cfg = load_config(overrides + [f"trainer.init_from={input_txt}"])
+    with pytest.raises(ConfigError, match=r"trainer.init_from=.*input.txt': cannot import it: "):
+        train(cfg, make_mesh(cfg.mesh, devices=jax.devices()[:1]))
     caplog.set_level(logging.INFO)
     cfg = load_config(overrides)
     first = train(cfg, make_mesh(cfg.mesh, devices=jax.devices()[:1]))
@@ -202,7 +204,6 @@ def test_finished_run_rerun_keeps_final_json_and_says_what_it_ignored(text_dir, 
     ), text
 
     caplog.clear()
-    input_txt = os.path.join(text_dir, "input.txt")
     again = overrides + [f"trainer.init_from={input_txt}", f"data.input={input_txt}"]
     cfg = load_config(again)
     result = train(cfg, make_mesh(cfg.mesh, devices=jax.devices()[:1]))
