@@ -113,6 +113,10 @@ def test_batch_not_divisible_by_the_devices_is_one_line(sudoku_dir, tmp_path):
     overrides = tiny_trm_overrides(sudoku_dir, out, "r") + ["trainer.global_batch_size=12"]
     msg = _fails_before_step_1(overrides, out)
     assert "trainer.global_batch_size=12 is not divisible by the 8 devices" in msg, msg
+    # the TRM evaluation batch too (checked with the data, before step 1, not at the first eval)
+    overrides = tiny_trm_overrides(sudoku_dir, out, "r") + ["data.eval_batch_size=20"]
+    msg = _fails_before_step_1(overrides, out)
+    assert msg.startswith("data.eval_batch_size=20 is not divisible by the 8 devices"), msg
 
 
 @pytest.mark.parametrize(

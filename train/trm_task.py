@@ -228,7 +228,10 @@ class TRMTask(Task):
         """Both splits (train, and test when a test/ directory exists) load through
         data.puzzle_format.load_split (metadata, every array file, shapes, dtypes, token range);
         the test split's seq_len, vocab and puzzle identifiers must fit the model (built from
-        the train metadata)."""
+        the train metadata); data.eval_batch_size must divide over the batch devices, like the
+        train batch (else the first evaluation fails with JAX's sharding error)."""
+        eval_batch = {"data.eval_batch_size": int(self.cfg.data.get("eval_batch_size", 0) or 0)}
+        mesh_lib.check_batch_divisible(self.mesh, self.cfg.mesh.rules, eval_batch)
         for split in ("train", "test"):
             if split == "test" and not os.path.isdir(os.path.join(self.data_dir, split)):
                 continue  # no test split: evaluation is skipped (as before)
