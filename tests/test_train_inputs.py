@@ -340,3 +340,24 @@ def test_wandb_without_a_server_falls_back_to_offline_within_seconds(
     assert f"wandb: cannot reach the server ({url}" in caplog.text or server == "silent"
     assert "logging offline in" in caplog.text, caplog.text
     assert os.path.isdir(os.path.join(tmp_path, "wandb"))  # the offline run, for `wandb sync`
+
+
+@pytest.mark.slow
+def test_trm_run_ended_by_its_data_rerun_keeps_final_json(sudoku_dir, tmp_path, caplog):
+    """TRM's data ends before upstream's step count (each iteration drops its partial batch: 40
+    groups, batch 16, 2 iterations = 4 steps of 5 scheduled): the checkpoint is at step 4 < 5,
+    so only the loop finds that no batch is left. The rerun says it is finished and keeps
+    final.json."""
+    out = str(tmp_path / "runs")
+    overrides = tiny_trm_overrides(sudoku_dir, out, "r") + ["optim.loss_dtype=float32"]
+    cfg = load_config(overrides)
+    mesh = make_mesh(cfg.mesh, devices=jax.devices()[:1])
+    first = train(cfg, mesh)
+    final_path = os.path.join(out, "r", "final.json")
+    final = open(final_path).read()
+    assert first["step"] == 4 and "eval/all/exact_accuracy" in json.loads(final)
+    caplog.set_level(logging.INFO)
+    again = train(load_config(overrides), mesh)
+    assert again["step"] == 4 and open(final_path).read() == final
+    assert "already finished at step 4 (final.json kept)" in caplog.text, caplog.text
+    assert "run directory" in caplog.text  # the loop ran (4 < 5): not the early return
