@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -78,6 +79,15 @@ def test_gpt_kill_and_resume_is_bit_identical(text_dir, tmp_path):
     second = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resumed" in second.stderr, second.stderr[-2000:]
+    # Where the results are, at the start; the summary line at the end (train.trainer).
+    run_dir = os.path.join(out, "killed")
+    assert f"run directory {run_dir}: config.yaml, metrics.jsonl, final.json" in second.stderr
+    final = json.load(open(os.path.join(run_dir, "final.json")))
+    summary = (
+        f"done: 8 steps, best eval/val_loss={final['eval/val_loss']:.6g} at step 8; checkpoints: "
+        f"{os.path.realpath(run_dir)}/checkpoints; summary: {run_dir}/final.json"
+    )
+    assert summary in second.stderr, second.stderr[-2000:]
     straight, resumed = _curve(os.path.join(out, "straight")), _curve(os.path.join(out, "killed"))
     assert len(resumed) == 8
     assert_close("train/loss after kill -9 + resume", resumed, straight, EXACT)

@@ -53,6 +53,18 @@ def test_bad_override_is_one_line_and_exit_1(tmp_path):
     assert os.listdir(tmp_path) == []  # nothing ran
 
 
+def test_bad_sweep_value_is_one_line_before_any_job_runs(tmp_path):
+    """Every job of a -m sweep is composed and validated before the first one runs: a bad value
+    in the second job is one line naming the job, and nothing ran (not even job 0)."""
+    done = _main(
+        "-m", "+experiment=trm_sudoku_tiny", f"run.out_dir={tmp_path}", "optim.lr=1e-4,fast"
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.stderr.startswith("error: sweep job 1 (") and "optim.lr='fast'" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert os.listdir(tmp_path) == []
+
+
 def test_multirun_runs_each_job_in_its_own_run_dir(tmp_path):
     data = build_tiny_sudoku(str(tmp_path / "sudoku"))
     out = str(tmp_path / "runs")

@@ -10,6 +10,8 @@ import json
 import math
 import os
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +27,8 @@ from train.mesh import make_mesh
 from train.metrics import dumps, read_jsonl, strict_json
 from train.nonfinite import FLAG, guard_step
 from train.trainer import train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The tiny GPT (tests.helpers.tiny_gpt_overrides) with a sane lr for the first steps, then lr 1e6:
 # nanoGPT's schedule decays from learning_rate to min_lr over lr_decay_iters and stays at min_lr,
@@ -260,3 +264,27 @@ def test_trm_skip_keeps_the_carry_and_ema_finite(tmp_path):
     assert math.isfinite(result["eval/all/lm_loss"]), result
     for s in _checkpoint_steps(run_dir):
         assert _all_finite(_restore(cfg, run_dir, s)), s
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow  # two processes compile the tiny GPT: ~1 min on a loaded 2-core box
+def test_two_processes_both_stop_with_the_same_error(text_dir, tmp_path):
+    """2 local processes x 2 CPU devices (gloo), trainer.on_nonfinite=stop: the flag is a
+    replicated metric, so both processes read it at the same step and both exit 1 with the same
+    one-line error naming the same step and last good checkpoint; neither hangs in a collective.
+    Each process is waited for on its own (launch.local would terminate the second when the
+    first exits)."""
+    from launch.local import process_envs
+
+    out = str(tmp_path / "runs")
+    overrides = tiny_gpt_overrides(text_dir, out, "mp", steps=16) + DIVERGING
+    cmd = [sys.executable, "-m", "train.main", *overrides]
+    procs = [
+        subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for env in process_envs(dict(os.environ), 2, 2, "cpu")
+    ]
+    outputs = [p.communicate(timeout=400)[0].decode(errors="replace") for p in procs]
+    errors = [[ln for ln in o.splitlines() if ln.startswith("error: ")] for o in outputs]
+    assert [p.returncode for p in procs] == [1, 1], [o[-3000:] for o in outputs]
+    assert len(errors[0]) == 1 and errors[0] == errors[1], errors
+    assert "non-finite" in errors[0][0] and "last good checkpoint" in errors[0][0], errors

@@ -8,12 +8,13 @@ as null AND passing +experiment fails with "Multiple values for experiment").
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, OmegaConfBaseException
 
 from train import config as config_lib
 from train.config import ConfigError
@@ -34,10 +35,31 @@ def load_config(overrides: list[str], config_dir: str = CONFIG_DIR):
         with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
             cfg = compose(config_name="config", overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(f"config error: {e}") from e
+        raise ConfigError(composition_error(e)) from e
     OmegaConf.set_struct(cfg, True)
     validate(cfg)
     return cfg
+
+
+def composition_error(e: BaseException) -> str:
+    """One line for a Hydra / OmegaConf composition error: Hydra's own message says only "Error
+    merging override X=Y"; the reason (the value, the expected type, the key) is in its cause."""
+    root = e
+    while root.__cause__ is not None:
+        root = root.__cause__
+    lines = [ln.strip() for ln in str(root).splitlines() if ln.strip()]
+    key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), "")
+    reason = lines[0] if lines else type(root).__name__
+    if isinstance(root, ConfigAttributeError) and key:  # an unknown key of a trainer section
+        cls = config_lib.section_of(key)
+        if cls is not None:
+            section, name = key.rsplit(".", 1)
+            known = {f.name for f in dataclasses.fields(cls)}
+            return config_lib.unknown_keys_message(section, [name], known, cls.__name__)
+    top = " ".join(str(e).split())
+    if root is e:
+        return f"config error: {top}"
+    return f"config error: {top}: {f'{key}: ' if key else ''}{reason}"
 
 
 def load_run_config(text: str):

@@ -14,11 +14,14 @@ was expected. This module knows no model family.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from train.compilation_cache import DEFAULT_DIR, DEFAULT_MIN_COMPILE_SECS
 
@@ -119,19 +122,96 @@ def register_schema() -> None:
     ConfigStore.instance().store(name="base_config", node=Config)
 
 
-def build_dataclass(cls, mapping, where: str):
-    """`cls(**mapping)` with errors that name the config section and the bad key."""
+def unknown_keys_message(where: str, unknown, known, owner: str) -> str:
+    """One line: the unknown key(s) of a section, a close match for each, and the known ones."""
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(str(key), sorted(known), n=1)
+        if close:
+            hints.append(f"{key!r} -> did you mean {close[0]!r}?")
+    hint = f" ({'; '.join(hints)})" if hints else ""
+    return f"{where}: unknown key(s) {sorted(unknown)}{hint}; {owner} accepts {sorted(known)}"
+
+
+def _type_name(tp) -> str:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "null"
+    return getattr(typing.get_origin(tp) or tp, "__name__", str(tp))
+
+
+def _type_ok(value, tp) -> bool:
+    """Whether a composed config value has the field's annotated type (int accepted for float;
+    a bool is never an int or a float here)."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if tp is str:
+        return isinstance(value, str)
+    if tp in (list, tuple) or origin in (list, tuple):
+        return isinstance(value, list | tuple | ListConfig)
+    if tp is dict or origin is dict:
+        return isinstance(value, dict | DictConfig)
+    return True  # any other annotation: the dataclass checks it itself
+
+
+def check_fields(cls, mapping, where: str) -> None:
+    """ConfigError unless every key of `mapping` is a field of dataclass `cls` and every value
+    has the field's annotated type (one line naming the key, the value and the type)."""
     mapping = dict(mapping or {})
+    hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(mapping) - names)
     if unknown:
-        raise ConfigError(
-            f"{where}: unknown key(s) {unknown}; {cls.__name__} accepts {sorted(names)}"
-        )
+        raise ConfigError(unknown_keys_message(where, unknown, names, cls.__name__))
+    for key, value in mapping.items():
+        if not _type_ok(value, hints[key]):
+            raise ConfigError(
+                f"{where}.{key}={value!r}: expected {_type_name(hints[key])} "
+                f"(got {type(value).__name__})"
+            )
+
+
+def build_dataclass(cls, mapping, where: str):
+    """`cls(**mapping)` with errors that name the config section and the bad key or value."""
+    check_fields(cls, mapping, where)
+    mapping = dict(mapping or {})
     try:
         return cls(**mapping)
     except (TypeError, ValueError, AssertionError) as e:
         raise ConfigError(f"{where}: {cls.__name__}({mapping}) failed: {e}") from e
+
+
+# Ranges of numeric fields whose other values make no sense (check_ranges).
+_RANGES = {
+    ">0": (lambda v: v > 0, "> 0"),
+    ">=0": (lambda v: v >= 0, ">= 0"),
+    "[0,1)": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "[0,1]": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+}
+
+
+def check_ranges(mapping, where: str, rules: dict[str, str]) -> None:
+    """ConfigError for the first key of `rules` whose value in `mapping` is out of its range
+    (">0", ">=0", "[0,1)" or "[0,1]"); keys absent from `mapping` are not checked."""
+    for key, rule in rules.items():
+        value = mapping.get(key) if hasattr(mapping, "get") else getattr(mapping, key, None)
+        if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        ok, text = _RANGES[rule]
+        if not ok(value):
+            raise ConfigError(f"{where}.{key} must be {text}, got {value!r}")
 
 
 def _positive(value, where: str, allow_zero: bool = False):
@@ -182,14 +262,18 @@ def _check_known_keys(cfg) -> None:
     sections = {f.name for f in dataclasses.fields(Config)}
     unknown = sorted(set(cfg.keys()) - sections)
     if unknown:
-        raise ConfigError(f"unknown top-level key(s) {unknown}; known: {sorted(sections)}")
+        raise ConfigError(unknown_keys_message("config", unknown, sections, "the top level"))
     for name, cls in _SECTIONS:
         names = {f.name for f in dataclasses.fields(cls)}
         extra = sorted(set(cfg[name].keys()) - names)
         if extra:
-            raise ConfigError(
-                f"{name}: unknown key(s) {extra}; {cls.__name__} accepts {sorted(names)}"
-            )
+            raise ConfigError(unknown_keys_message(name, extra, names, cls.__name__))
+
+
+def section_of(full_key: str):
+    """The schema dataclass of a trainer section (`trainer.foo` -> TrainerConfig), or None."""
+    head = full_key.split(".", 1)[0]
+    return dict(_SECTIONS).get(head)
 
 
 def _check_trainer(t) -> None:

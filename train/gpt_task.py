@@ -24,7 +24,7 @@ from data.shakespeare_char import build as build_shakespeare_char
 from data.text_source import eval_dataset, read_meta, read_token_bin, train_dataset
 from models.gpt import GPT, GPTConfig, from_torch_file, generate, to_torch
 from models.gpt.train_step import configure_optimizers, lr_schedule, train_step
-from train.config import ConfigError, build_dataclass
+from train.config import ConfigError, build_dataclass, check_fields, check_ranges
 from train.flops import gpt_flops_per_step
 from train.task import Task, sync_processes
 
@@ -47,11 +47,48 @@ class GPTOptimConfig:
     min_lr: float = 6e-5
 
 
+@dataclasses.dataclass
+class GPTDataConfig:
+    """The `data` section of a text data set (configs/data/shakespeare_char.yaml, openwebtext)."""
+
+    path: str = ""  # a directory with train.bin / val.bin / meta.json (data.text_source)
+    build: str | None = None  # shakespeare_char: built into `path` when it has no train.bin
+    input: str = ""  # the builder's input.txt (empty: downloaded); read only when building
+    sample_tokens: int = 0  # characters generated at each eval (0: none)
+
+
+# Values that make no sense (train.config.check_ranges).
+_OPTIM_RANGES = {
+    "learning_rate": ">0",
+    "min_lr": ">=0",
+    "weight_decay": ">=0",
+    "beta1": "[0,1)",
+    "beta2": "[0,1)",
+    "grad_clip": ">=0",
+    "max_iters": ">=0",
+    "warmup_iters": ">=0",
+    "lr_decay_iters": ">=0",
+}
+_MODEL_RANGES = {
+    "block_size": ">0",
+    "vocab_size": ">0",
+    "n_layer": ">0",
+    "n_head": ">0",
+    "n_embd": ">0",
+    "dropout": "[0,1)",
+}
+
+
 class GPTTask(Task):
     items_name = "tokens"
 
     @classmethod
     def validate_config(cls, cfg) -> None:
+        check_fields(GPTDataConfig, cfg.data, "data")
+        check_ranges(cfg.data, "data", {"sample_tokens": ">=0"})
+        check_fields(GPTConfig, cfg.model, "model")
+        check_ranges(cfg.model, "model", _MODEL_RANGES)
+        check_ranges(cfg.optim, "optim", _OPTIM_RANGES)
         o = build_dataclass(GPTOptimConfig, cfg.optim, "optim")
         if o.decay_lr and o.lr_decay_iters < o.warmup_iters:
             raise ConfigError("optim.lr_decay_iters must be >= optim.warmup_iters")
@@ -94,13 +131,22 @@ class GPTTask(Task):
     def _prepare_data(self, d: dict) -> dict:
         path = self.data_dir
         if not path:
-            raise ValueError(
+            raise ConfigError(
                 "data.path: directory with train.bin / val.bin / meta.json is required"
             )
-        if not os.path.exists(os.path.join(path, "train.bin")):
+        if os.path.exists(os.path.join(path, "train.bin")):
+            if d.get("input"):
+                log.warning(
+                    "data.input=%r was not read: data.path=%r already holds built data "
+                    "(train.bin); delete that directory (or set another data.path) to rebuild "
+                    "from data.input",
+                    d["input"],
+                    path,
+                )
+        else:
             builder = d.get("build")
             if builder != "shakespeare_char":
-                raise FileNotFoundError(
+                raise ConfigError(
                     f"data.path={path!r} has no train.bin; build it first (python -m data.<name>)"
                 )
             if jax.process_index() == 0:

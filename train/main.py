@@ -14,12 +14,19 @@ needed. Every process gets the same argv and composes the same config: no per-pr
 
 from __future__ import annotations
 
+import glob
+import importlib.util
 import logging
+import os
 import pathlib
 import sys
 
 import hydra
+import jax
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
@@ -38,6 +45,24 @@ _HYDRA_FLAGS = ("-", "hydra.", "hydra/")
 
 def _is_plain_run(args: list[str]) -> bool:
     return not any(a.startswith(_HYDRA_FLAGS) for a in args)
+
+
+_MULTIRUN = ("-m", "--multirun")
+
+
+def _sweep_jobs(args: list[str]) -> list[list[str]]:
+    """The overrides of each job of a plain `-m` sweep, expanded as Hydra's basic sweeper does
+    (the product of the comma lists); [] when `args` is no sweep or has other Hydra flags."""
+    rest = [a for a in args if a not in _MULTIRUN]
+    if len(rest) == len(args) or not _is_plain_run(rest):
+        return []
+    try:
+        overrides = OverridesParser.create().parse_overrides(rest)
+        return [
+            list(job) for batch in BasicSweeper.split_arguments(overrides, None) for job in batch
+        ]
+    except HydraException as e:  # OverrideParseException: a grammar error in an override
+        raise ConfigError(f"config error: {' '.join(str(e).split())}") from e
 
 
 def _job_run_name(name: str) -> str:
@@ -68,17 +93,45 @@ def _run(cfg) -> dict:
         finally:
             log_compilation_cache_stats()  # hits / misses of this process
     except (ConfigError, NonfiniteError) as e:  # NonfiniteError: trainer.on_nonfinite=stop
-        sys.exit(f"error: {e}")  # exit status 1, no traceback: it is the user's input
+        _exit_with(e)  # exit status 1, no traceback: it is the user's input
+
+
+def _exit_with(e: BaseException):
+    """One line `error: ...` and exit status 1; HYDRA_FULL_ERROR=1 re-raises for the traceback."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        raise e
+    sys.exit("error: " + " ".join(str(e).split()))
+
+
+def quiet_tpu_probe(environ=os.environ) -> str | None:
+    """JAX_PLATFORMS=cpu when libtpu is installed (`make test` installs it) but this machine has
+    neither a TPU nor an NVIDIA GPU: otherwise every run starts with libtpu's probe errors. Left
+    alone when JAX_PLATFORMS is set. -> the value set, or None."""
+    if "JAX_PLATFORMS" in environ or importlib.util.find_spec("libtpu") is None:
+        return None
+    accelerators = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*")
+    if any(glob.glob(pattern) for pattern in accelerators):
+        return None
+    environ["JAX_PLATFORMS"] = "cpu"  # for child processes
+    jax.config.update("jax_platforms", "cpu")  # jax read the variable when it was imported
+    return "cpu"
 
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     config_lib.register_schema()  # base_config, before Hydra composes
-    if _is_plain_run(args):
-        try:  # Hydra's own composition errors span several lines; ours are one line
+    try:  # Hydra's own composition errors span several lines; ours are one line
+        if _is_plain_run(args):
             load_config(args)
-        except ConfigError as e:
-            sys.exit(f"error: {e}")
+        for n, job in enumerate(_sweep_jobs(args)):  # every job of a sweep, before the first runs
+            try:
+                load_config(job)
+            except ConfigError as e:
+                raise ConfigError(f"sweep job {n} ({' '.join(job)}): {e}") from e
+    except ConfigError as e:
+        _exit_with(e)
+    if quiet_tpu_probe():  # before JAX starts a backend
+        logging.getLogger(__name__).info("JAX_PLATFORMS=cpu: no TPU or GPU device on this machine")
     initialize()  # before anything touches devices (importing the trainer does not)
     saved, sys.argv = sys.argv, [sys.argv[0], *args]  # Hydra reads its command line there
     try:

@@ -15,6 +15,8 @@ import math
 import jax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from train.config import ConfigError
+
 AXES = ("data", "fsdp", "tensor")
 
 
@@ -24,10 +26,13 @@ def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
         if num_devices % known:
-            raise ValueError(f"mesh {sizes}: {num_devices} devices are not divisible by {known}")
+            raise ConfigError(
+                f"mesh (data, fsdp, tensor) = {tuple(sizes)}: {num_devices} visible devices are "
+                f"not divisible by {known}"
+            )
         sizes[sizes.index(-1)] = num_devices // known
     if math.prod(sizes) != num_devices:
-        raise ValueError(
+        raise ConfigError(
             f"mesh (data, fsdp, tensor) = {tuple(sizes)} needs {math.prod(sizes)} devices, "
             f"but {num_devices} are visible (set mesh=cpu or fix the degrees)"
         )
@@ -42,6 +47,22 @@ def make_mesh(mesh_cfg, devices=None) -> Mesh:
     # jax.make_mesh orders devices for the physical topology (ICI rings on TPU) and, across
     # processes, keeps each process's devices contiguous along the leading axes.
     return jax.make_mesh(shape, AXES, axis_types=(axis_type,) * 3, devices=devices)
+
+
+def check_batch_divisible(mesh: Mesh, rules, batches: dict[str, int]) -> None:
+    """ConfigError unless every batch size (config key -> value) divides evenly over the mesh
+    axes of the `batch` rule (else JAX fails at the first step with a sharding error)."""
+    axes = logical_to_mesh(rules, "batch")
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    n = math.prod(mesh.shape[a] for a in axes)
+    for key, size in batches.items():
+        if size and size % n:
+            shape = ", ".join(f"{a}={mesh.shape[a]}" for a in mesh.axis_names)
+            raise ConfigError(
+                f"{key}={size} is not divisible by the {n} devices of the batch axes "
+                f"{list(axes)} (mesh {shape}); use a multiple of {n} or change mesh.data / "
+                "mesh.fsdp"
+            )
 
 
 def logical_to_mesh(rules, name: str | None):

@@ -14,13 +14,18 @@ finished, so `device_get` returns at once and the device queue never drains (Max
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import socket
 import sys
+import urllib.parse
 
 import jax
 import numpy as np
 from etils import epath
+
+log = logging.getLogger(__name__)
 
 
 def _to_float(v):
@@ -114,16 +119,14 @@ class MetricLogger:
         if os.environ.get("WANDB_MODE") == "disabled":
             mode = "disabled"
         if mode != "disabled":
-            import wandb  # lazy: seconds to import, and only when logging is on
-
             # A fixed id + resume="allow": a resumed run appends to the same wandb run.
-            self.wandb_run = wandb.init(
+            self.wandb_run = init_wandb(
+                mode,
                 project=cfg.logging.project,
                 name=run_id,
                 id=run_id.replace("/", "-"),
                 resume="allow",
                 dir=_wandb_dir(run_dir, run_id),
-                mode=mode,
                 config=config_dict,
             )
         if cfg.trainer.progress_bar and sys.stderr.isatty():
@@ -217,6 +220,54 @@ def read_jsonl(path) -> list[dict]:
 
 def _no_constant(name: str):
     raise ValueError(f"not strict JSON: {name} (metrics.jsonl writes null + a nonfinite flag)")
+
+
+# Seconds an online wandb.init may take before the run falls back to offline (wandb's own default
+# is 90 s, and then it raises; WANDB_INIT_TIMEOUT, if set, wins): the reachability probe below
+# catches a missing network sooner.
+WANDB_INIT_TIMEOUT = 20.0
+WANDB_PROBE_TIMEOUT = 3.0
+
+
+def wandb_unreachable(timeout: float = WANDB_PROBE_TIMEOUT) -> str | None:
+    """None when wandb's server (WANDB_BASE_URL, default api.wandb.ai) accepts a TCP connection
+    within `timeout` seconds, else why not. Behind an HTTP(S) proxy nothing is probed (None)."""
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")):
+        return None
+    url = os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai"
+    parsed = urllib.parse.urlparse(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname, port), timeout=timeout).close()
+    except OSError as e:
+        return f"{url}: {e or type(e).__name__}"
+    return None
+
+
+def init_wandb(mode: str, **kwargs):
+    """wandb.init in `mode`; an online run whose server cannot be reached (probe, or an init that
+    fails within WANDB_INIT_TIMEOUT s) logs offline instead, with one warning: the run goes on,
+    and `wandb sync <dir>` uploads it later."""
+    import wandb  # lazy: seconds to import, and only when logging is on
+
+    if mode == "online":
+        reason = wandb_unreachable()
+        if reason is None:
+            try:
+                timeout = float(os.environ.get("WANDB_INIT_TIMEOUT", WANDB_INIT_TIMEOUT))
+                settings = wandb.Settings(init_timeout=timeout)
+                return wandb.init(mode="online", settings=settings, **kwargs)
+            except Exception as e:  # wandb raises its CommError, UsageError, or a timeout
+                reason = " ".join(str(e).split()) or type(e).__name__
+                wandb.teardown()  # else its service still holds the run id ("in use")
+        log.warning(
+            "wandb: cannot reach the server (%s); logging offline in %s (upload later with "
+            "`wandb sync`)",
+            reason,
+            kwargs.get("dir"),
+        )
+        mode = "offline"
+    return wandb.init(mode=mode, **kwargs)
 
 
 def _wandb_dir(run_dir, run_id: str) -> str:

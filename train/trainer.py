@@ -10,9 +10,11 @@ converted to floats after step N+1 is dispatched (train/metrics.py).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
+import pickle
 import signal
 import time
 
@@ -21,6 +23,7 @@ import numpy as np
 from etils import epath
 from omegaconf import OmegaConf
 
+from train import mesh as mesh_lib
 from train import step as step_lib
 from train.checkpoint import Checkpointer
 from train.config import ConfigError
@@ -43,30 +46,75 @@ def train(cfg, mesh) -> dict:
     trainer.on_nonfinite=stop (checkpoints up to the last good step are committed first)."""
     clock = StepClock()
     run_dir = run_dir_of(cfg)
+    batch = {"trainer.global_batch_size": int(cfg.trainer.global_batch_size)}
+    mesh_lib.check_batch_divisible(mesh, cfg.mesh.rules, batch)  # not JAX's sharding error
+    _check_init_from(cfg)
     step_lib.enable_x64_if_needed(cfg)  # before anything is traced (TRM: float64 stablemax loss)
     task = step_lib.make_task(cfg, mesh)
     task.validate_data()  # a broken split or vocab fails here, not at the first evaluation
-    _check_init_from(cfg)
     _write_config(cfg, run_dir)
     ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint)
-    data_iter = task.train_iterator()
-    state, step, meta = _init_or_restore(cfg, task, ckpt, data_iter, run_dir)
-    step_fn = step_lib.jit_train_step(task)
+    try:
+        data_iter = task.train_iterator()
+        state, step, meta = _init_or_restore(cfg, task, ckpt, data_iter, run_dir)
+    except BaseException:
+        ckpt.close()  # an open manager left to the interpreter's exit floods the log
+        raise
     stop = min(task.total_steps, cfg.trainer.max_steps or task.total_steps)
+    if step >= stop:  # a finished run started again: nothing to do, its results stay
+        ckpt.close()
+        return _already_finished(run_dir, step)
+    log.info(
+        "run directory %s: config.yaml, metrics.jsonl, final.json; checkpoints in %s",
+        run_dir,
+        ckpt.directory,
+    )
+    step_fn = step_lib.jit_train_step(task)
     config_dict = OmegaConf.to_container(cfg, resolve=True)
     logger = MetricLogger(run_dir, cfg, cfg.run.name, config_dict, stop)
     run = _Run(cfg, task, ckpt, logger, data_iter, step, meta)
     peak = peak_flops() * mesh.devices.size
+    first = step
     try:
         with jax.set_mesh(mesh):
             state, step = _loop(run, state, step, stop, step_fn, clock, peak)
     finally:  # also on NonfiniteError: commit the good checkpoints, write the logged metrics
         ckpt.close()
         logger.close()
+    if step == first and first > 0:  # TRM: the restored data iterator had no batch left
+        return _already_finished(run_dir, step)
     final = {"step": step, **_jsonable(run.last), **run.guard.final()}
     if jax.process_index() == 0:
         (run_dir / "final.json").write_text(dumps(final))
+    log.info("%s", summary_line(cfg, run_dir, ckpt, step, run.best, run.best_step))
     return {"step": step, **run.last}
+
+
+def _already_finished(run_dir, step: int) -> dict:
+    """A run directory whose checkpoint is already at the end: final.json is left as it is."""
+    log.warning(
+        "%s already finished at step %d (final.json kept); raise trainer.total_steps, "
+        "trainer.epochs or trainer.max_steps to continue it, or use another run.name",
+        run_dir,
+        step,
+    )
+    path = run_dir / "final.json"
+    saved = json.loads(path.read_text()) if path.exists() else {}
+    return {**saved, "step": step}
+
+
+def summary_line(cfg, run_dir, ckpt, step: int, best, best_step) -> str:
+    """The run's last log line: steps, the best metric and its step, where the results are."""
+    key = cfg.checkpoint.best_metric
+    best_text = (
+        f"best {key}={best:.6g} at step {best_step}"
+        if key and best is not None
+        else f"no {key or 'checkpoint.best_metric'} value"
+    )
+    where = ckpt.directory if cfg.checkpoint.enabled else "none (checkpoint.enabled=false)"
+    return (
+        f"done: {step} steps, {best_text}; checkpoints: {where}; summary: {run_dir / 'final.json'}"
+    )
 
 
 def _loop(run, state, step: int, stop: int, step_fn, clock, peak: float):
@@ -115,14 +163,33 @@ def _init_or_restore(cfg, task, ckpt, data_iter, run_dir):
     if cfg.run.resume:  # the newest step that restores; damaged newer ones are moved aside
         check = lambda meta, step: check_resumable(cfg, meta, f"{run_dir} step {step}")  # noqa: E731
         found = ckpt.restore_newest(abstract, data_iter, check)
+    init_from = cfg.trainer.init_from
     if found is None:
         state = task.create_state()
-        if cfg.trainer.init_from not in ("", "scratch"):
-            state = task.import_weights(state, cfg.trainer.init_from)
+        if init_from not in ("", "scratch"):
+            state = _import(task, state, init_from)
         return state, 0, {}
     _, state, meta = found
     log.info("resumed %s from step %d", run_dir, int(meta["step"]))
+    if init_from not in ("", "scratch"):
+        log.warning(
+            "trainer.init_from=%s was NOT imported: resuming %s from its own checkpoint at step "
+            "%d (run.resume=false or another run.name starts from init_from)",
+            init_from,
+            run_dir,
+            int(meta["step"]),
+        )
     return state, int(meta["step"]), meta
+
+
+def _import(task, state, path: str):
+    """task.import_weights, its failures one line naming trainer.init_from (the file exists:
+    _check_init_from; a wrong format or shapes that do not fit the model fail here)."""
+    try:
+        return task.import_weights(state, path)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, pickle.UnpicklingError) as e:
+        reason = " ".join(str(e).split()) or type(e).__name__
+        raise ConfigError(f"trainer.init_from={path!r}: cannot import it: {reason}") from e
 
 
 def _check_init_from(cfg) -> None:
@@ -207,6 +274,7 @@ class _Run:
         self.cfg, self.task, self.data_iter = cfg, task, data_iter
         self.ckpt, self.logger = ckpt, logger
         self.best = meta.get("best")  # best value of checkpoint.best_metric so far (checkpointed)
+        self.best_step = meta.get("best_step")  # its step (checkpointed with it)
         self.last = {}  # the last value of every eval metric (returned, final.json)
         self.saved_at = step  # the last step saved (or restored)
         skipped = meta.get("nonfinite_skipped", 0)
@@ -232,7 +300,10 @@ class _Run:
         metrics = self.task.evaluate(state, step)
         if metrics:
             self.logger.write_now(step, metrics)
-            self.best = _best(self.cfg.checkpoint, self.best, metrics)
+            best = _best(self.cfg.checkpoint, self.best, metrics)
+            if best is not None and best != self.best:
+                self.best_step = step
+            self.best = best
             self.last = {**self.last, **metrics}
         return metrics
 
@@ -252,6 +323,7 @@ class _Run:
             meta={
                 "step": step,
                 "best": self.best,
+                "best_step": self.best_step,
                 "resume": resume_settings(self.cfg),
                 "nonfinite_skipped": self.guard.skipped,
             },

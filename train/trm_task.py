@@ -45,7 +45,7 @@ from models.trm.train_step import (
     train_step,
 )
 from train import mesh as mesh_lib
-from train.config import ConfigError, build_dataclass
+from train.config import ConfigError, build_dataclass, check_fields, check_ranges
 from train.flops import trm_flops_per_step
 from train.task import Task, sync_processes
 
@@ -67,11 +67,63 @@ def _optim_config(cfg, total_steps: int = 1) -> TRMOptimConfig:
     return build_dataclass(TRMOptimConfig, kw, "optim")
 
 
+@dataclasses.dataclass
+class TRMDataConfig:
+    """The `data` section of a puzzle data set (configs/data/sudoku.yaml, maze, arc1, arc2)."""
+
+    path: str = ""  # upstream's layout: train/ and test/ with dataset.json and .npy arrays
+    build: str | None = None  # a data module (data.sudoku_easy, ...) run when `path` is empty
+    build_args: list = dataclasses.field(default_factory=list)  # its command-line arguments
+    eval_interval_epochs: int = 0  # upstream eval_interval: epochs per iteration (0: epochs)
+    eval_batch_size: int = 0  # 0: trainer.global_batch_size
+    evaluator: str = ""  # "" or arc (data.arc_eval)
+    # Sizes used only when the data set is not on disk (AOT); dataset.json wins.
+    seq_len: int = 81
+    vocab_size: int = 11
+    num_puzzle_identifiers: int = 1
+    total_groups: int = 1000
+    mean_puzzle_examples: float = 1.0
+
+
+# Values that make no sense (train.config.check_ranges).
+_DATA_RANGES = {
+    "eval_interval_epochs": ">=0",
+    "eval_batch_size": ">=0",
+    "seq_len": ">0",
+    "vocab_size": ">0",
+    "num_puzzle_identifiers": ">0",
+    "total_groups": ">0",
+    "mean_puzzle_examples": ">0",
+}
+_MODEL_RANGES = {
+    k: ">0"
+    for k in ("hidden_size", "num_heads", "expansion", "H_cycles", "L_cycles", "halt_max_steps")
+} | {"L_layers": ">=0", "H_layers": ">=0", "puzzle_emb_ndim": ">=0", "puzzle_emb_len": ">=0"}
+_OPTIM_RANGES = {
+    "lr": ">0",
+    "lr_min_ratio": "[0,1]",
+    "lr_warmup_steps": ">=0",
+    "weight_decay": ">=0",
+    "beta1": "[0,1)",
+    "beta2": "[0,1)",
+    "puzzle_emb_lr": ">=0",
+    "puzzle_emb_weight_decay": ">=0",
+    "ema_rate": "[0,1]",
+}
+
+
 class TRMTask(Task):
     items_name = "examples"
 
     @classmethod
     def validate_config(cls, cfg) -> None:
+        check_fields(TRMDataConfig, cfg.data, "data")
+        check_ranges(cfg.data, "data", _DATA_RANGES)
+        check_fields(TRMConfig, cfg.model, "model")
+        check_ranges(cfg.model, "model", _MODEL_RANGES)
+        check_ranges(cfg.optim, "optim", _OPTIM_RANGES)
+        if cfg.data.get("evaluator", "") not in ("", "arc"):
+            raise ConfigError(f"data.evaluator={cfg.data.evaluator!r}: expected '' or 'arc'")
         _optim_config(cfg)
         if cfg.trainer.total_steps == 0 and cfg.trainer.epochs == 0:
             raise ConfigError("trainer: TRM needs trainer.epochs (or trainer.total_steps) > 0")
@@ -109,12 +161,13 @@ class TRMTask(Task):
         self.epochs = int(t.epochs)
         self.eval_epochs = int(d.get("eval_interval_epochs", 0)) or self.epochs
         if self.epochs and self.epochs % self.eval_epochs:
-            raise ValueError(
+            raise ConfigError(
                 f"data.eval_interval_epochs={self.eval_epochs} must divide trainer.epochs={self.epochs} (as upstream)"
             )
         self.total_steps = int(t.total_steps) or schedule_steps(
             self.epochs, meta.total_groups, meta.mean_puzzle_examples, self.batch
         )
+        self._check_batch_fits(meta)
         self.optim = _optim_config(cfg, self.total_steps)
         if self.optim.loss_dtype == "float64" and not jax.config.jax_enable_x64:
             raise ValueError(
@@ -129,14 +182,38 @@ class TRMTask(Task):
         self._setup()
 
     # --- data -------------------------------------------------------------------------------
+    def _check_batch_fits(self, meta) -> None:
+        """ConfigError when the batch is larger than the data: upstream's step count rounds down
+        to 0, or an iteration (eval_interval_epochs epochs) holds less than one batch, so the
+        run would end without a step."""
+        per_epoch = meta.total_groups * meta.mean_puzzle_examples  # one example drawn per group
+        where = (
+            f"data.path={self.data_dir!r}: {per_epoch:g} examples per epoch "
+            f"({meta.total_groups} groups x {meta.mean_puzzle_examples:g})"
+        )
+        if self.total_steps <= 0:
+            raise ConfigError(
+                f"trainer.global_batch_size={self.batch} is larger than the data set: "
+                f"trainer.epochs={self.epochs} x {where} gives 0 steps; lower the batch or "
+                "raise trainer.epochs"
+            )
+        if self.epochs and self.eval_epochs * per_epoch < self.batch:
+            raise ConfigError(
+                f"trainer.global_batch_size={self.batch} is larger than one iteration of the "
+                f"data set: data.eval_interval_epochs={self.eval_epochs} x {where} holds no "
+                "full batch; lower the batch or raise data.eval_interval_epochs"
+            )
+
     def _prepare_data(self, d: dict):
         path = self.data_dir
         if not path:
-            raise ValueError("data.path: a puzzle data set directory (upstream layout) is required")
+            raise ConfigError(
+                "data.path: a puzzle data set directory (upstream layout) is required"
+            )
         if not os.path.exists(os.path.join(path, "train", "dataset.json")):
             builder, args = d.get("build"), list(d.get("build_args") or [])
             if not builder:
-                raise FileNotFoundError(
+                raise ConfigError(
                     f"data.path={path!r} has no train/dataset.json; build it first "
                     "(python -m data.sudoku / data.maze / data.arc, see configs/data/)"
                 )
@@ -151,7 +228,10 @@ class TRMTask(Task):
         """Both splits (train, and test when a test/ directory exists) load through
         data.puzzle_format.load_split (metadata, every array file, shapes, dtypes, token range);
         the test split's seq_len, vocab and puzzle identifiers must fit the model (built from
-        the train metadata)."""
+        the train metadata); data.eval_batch_size must divide over the batch devices, like the
+        train batch (else the first evaluation fails with JAX's sharding error)."""
+        eval_batch = {"data.eval_batch_size": int(self.cfg.data.get("eval_batch_size", 0) or 0)}
+        mesh_lib.check_batch_divisible(self.mesh, self.cfg.mesh.rules, eval_batch)
         for split in ("train", "test"):
             if split == "test" and not os.path.isdir(os.path.join(self.data_dir, split)):
                 continue  # no test split: evaluation is skipped (as before)
