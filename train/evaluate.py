@@ -510,7 +510,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> dict:
-    args = _parser().parse_args(argv)
+    args = _parser().parse_intermixed_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     save_dir = os.path.dirname(os.path.abspath(args.json)) if args.json else None
     try:
