@@ -49,6 +49,7 @@ def _same(name, got: dict, want: dict):
         assert_close(f"{name} {k}", np.float64(got[k]), np.float64(want[k]), EXACT)
 
 
+@pytest.mark.slow
 def test_run_directory_gives_the_trainers_eval_exactly(run):
     """Every eval metric the trainer logged at steps 2 and 4 (latest and --step), bit for bit;
     the per-step curve has halt_max_steps entries and its last entry is the reported one."""
@@ -78,6 +79,8 @@ def test_extra_steps_extend_the_curve_and_keep_its_first_steps(run):
         assert len(more["per_step"][key]) == 7
         assert more["per_step"][key][:4] == base["per_step"][key]  # the same first 4 steps
         assert more[key] == more["per_step"][key][-1]  # reported: the last step run
+    # steps 5.. continue the recursion: a restart from a fresh carry would repeat steps 1..
+    assert more["per_step"]["token_accuracy"][4:] != base["per_step"]["token_accuracy"][:3]
     assert more["count"] == base["count"]
 
 
@@ -178,7 +181,7 @@ def test_show_prints_the_boards_of_every_step(run, capsys):
         first_row = " ".join("." if t == 1 else str(t - 1) for t in split.inputs[i][:9])
         answer_row = " ".join(str(t - 1) for t in split.labels[i][:9])
         assert first_row in out and answer_row in out
-    boards = out[out.index("puzzle 0: "):]
+    boards = out[out.index("puzzle 0: ") :]
     assert boards.count("step 4") == 2 and "step 5" not in boards  # halt_max_steps boards each
     assert "*" in out  # a tiny run gets cells wrong, and they are marked
 
@@ -322,3 +325,34 @@ def test_arc_pass_at_k_of_a_model_that_copies_its_input(tmp_path):
     ch, so = _arc_tasks(4, 1, prefix="ev00")
     for t, name in enumerate(sorted(so)):  # identity tasks: attempt_1 is the answer
         assert (sub[name][0]["attempt_1"] == so[name][0]) == (t % 2 == 0)
+    # the same tasks built with another augmentation count number their puzzles differently
+    other = str(tmp_path / "arc_aug1")
+    arc.main(["--input-file-prefix", str(prefix), "--output-dir", other, "--num-aug", "1",
+              "--subsets", "training", "evaluation", "--test-set-name", "evaluation"])  # fmt: skip
+    with pytest.raises(EvalError, match="identifiers.json differs from the run's"):
+        evaluate(str(ckpt), data=other, overrides=FLOAT32_LOSS)
+
+
+# --- nanoGPT ----------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_nanogpt_run_and_ckpt_pt_give_the_trainers_losses(tmp_path):
+    """A tiny GPT run's logged eval losses, from its run directory and from its exported
+    nanoGPT ckpt.pt (+ --data), bit for bit (the trainer's estimate_loss batches and seed)."""
+    pytest.importorskip("torch")
+    from tests.helpers import build_tiny_text, tiny_gpt_overrides
+    from train.export import export
+
+    data = build_tiny_text(str(tmp_path / "text"))
+    overrides = tiny_gpt_overrides(data, str(tmp_path / "runs"), "gpt")
+    cfg = load_config(overrides)
+    train(cfg, make_mesh(cfg.mesh))
+    run_dir = str(tmp_path / "runs" / "gpt")
+    last = [r for r in read_jsonl(os.path.join(run_dir, "metrics.jsonl")) if "eval/val_loss" in r]
+    want = last[-1]
+    from_run = evaluate(run_dir)
+    assert from_run["kind"] == "run"
+    ckpt = export(run_dir, str(tmp_path / "ckpt.pt"))
+    from_pt = evaluate(ckpt, data=data, overrides=_upstream_overrides(overrides))
+    assert from_pt["kind"] == "nanogpt"
+    for r in (from_run, from_pt):
+        assert r["val_loss"] == want["eval/val_loss"] and r["train_loss"] == want["eval/train_loss"]

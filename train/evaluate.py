@@ -154,7 +154,13 @@ def upstream_overrides(all_config: dict) -> list[str]:
     module = str(arch.get("name", "recursive_reasoning.trm@")).split("@")[0].split(".")[-1]
     if module not in _UPSTREAM_ARCH:
         raise EvalError(f"all_config.yaml: arch.name={arch.get('name')!r} is not a known TRM arch")
-    out = ["task=trm", "model=trm", "optim=trm", "data=sudoku", f"model.arch={_UPSTREAM_ARCH[module]}"]
+    out = [
+        "task=trm",
+        "model=trm",
+        "optim=trm",
+        "data=sudoku",
+        f"model.arch={_UPSTREAM_ARCH[module]}",
+    ]
     out += [f"model.{k}={arch[k]}" for k in _UPSTREAM_MODEL_KEYS if k in arch]
     loss = (arch.get("loss") or {}).get("loss_type")
     if loss:
@@ -194,6 +200,8 @@ def _upstream_trm(path: str, state_dict: dict, data: str | None, overrides):
             f"{path}: no all_config.yaml beside it; pass the run's config as overrides, "
             "e.g. +experiment=trm_sudoku (and model.* / data.path=...)"
         )
+    given = [o.split("=", 1)[1] for o in base + list(overrides) if o.startswith("data.path=")]
+    trained_on = given[-1] if given else None  # the data set the checkpoint's run used
     if data is not None:
         overrides = [*overrides, f"data.path={data}"]
     cfg = load_config(base + list(overrides))
@@ -213,7 +221,7 @@ def _upstream_trm(path: str, state_dict: dict, data: str | None, overrides):
         state = task.import_weights(task.create_state(), path)
     except (KeyError, ValueError) as e:
         raise EvalError(f"{path}: does not fit the config ({_one_line(e)})") from e
-    return cfg, task, state
+    return cfg, task, state, trained_on
 
 
 # --- data --------------------------------------------------------------------------------------
@@ -265,13 +273,12 @@ def _check_data_fits(task, data: str, run_data: str | None) -> None:
     ):
         if (have != limit) if key == "seq_len" else (have > limit):
             raise EvalError(f"--data {where}: {key}={have}, but the model has {key}={limit}")
-    mine, theirs = (
-        os.path.join(p, "identifiers.json") if p else "" for p in (data, run_data)
-    )
+    mine, theirs = (os.path.join(p, "identifiers.json") if p else "" for p in (data, run_data))
     if (
         m.num_puzzle_identifiers > 1
         and run_data
         and os.path.abspath(data) != os.path.abspath(run_data)
+        and os.path.isdir(run_data)
         and os.path.isfile(mine)
         and os.path.isfile(theirs)
     ):
@@ -428,12 +435,16 @@ def evaluate(source: str, *, step: int | None = None, data: str | None = None,
             raise EvalError(f"--data {data}: no such file or directory")
         kind = _source_kind(source)
         report = {"source": source}
+        trained_on = None
         if kind == "run":
             cfg, task, state, step = _restore_run(source, step, data, overrides)
+            trained_on = cfg.data.get("path") or None
             report.update(kind="run", step=int(step))
         else:
             if step is not None:
-                raise EvalError(f"--step {step}: only a run directory has steps ({source} is a file)")
+                raise EvalError(
+                    f"--step {step}: only a run directory has steps ({source} is a file)"
+                )
             from models.state_dict import load_file
 
             loaded = load_file(source)
@@ -441,7 +452,7 @@ def evaluate(source: str, *, step: int | None = None, data: str | None = None,
                 cfg, task, state = _nanogpt(source, loaded, data, overrides)
                 report.update(kind="nanogpt")
             else:
-                cfg, task, state = _upstream_trm(source, loaded, data, overrides)
+                cfg, task, state, trained_on = _upstream_trm(source, loaded, data, overrides)
                 report.update(kind="upstream_trm")
         with jax.set_mesh(task.mesh):
             if cfg.task == "gpt":
@@ -451,7 +462,7 @@ def evaluate(source: str, *, step: int | None = None, data: str | None = None,
             report["data"] = data or run_data
             report.update(
                 evaluate_trm(
-                    task, state, data or run_data, run_data=run_data if kind == "run" else None,
+                    task, state, data or run_data, run_data=trained_on,
                     extra_steps=extra_steps, halt=halt, show=show, batch=batch,
                     save_dir=save_dir, progress=progress,
                 )
@@ -462,7 +473,9 @@ def evaluate(source: str, *, step: int | None = None, data: str | None = None,
 # --- output --------------------------------------------------------------------------------------
 def format_table(r: dict) -> str:
     """The report as the table `main` prints."""
-    lines = [f"source: {r['source']} ({r['kind']}" + (f", step {r['step']})" if "step" in r else ")")]
+    lines = [
+        f"source: {r['source']} ({r['kind']}" + (f", step {r['step']})" if "step" in r else ")")
+    ]
     lines.append(f"data:   {r.get('data')}")
     if "val_loss" in r:
         lines += [f"train loss {r['train_loss']:.4f}", f"val loss   {r['val_loss']:.4f}"]

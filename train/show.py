@@ -157,9 +157,7 @@ def _pyplot():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SystemExit(
-            "error: --plot needs matplotlib: pip install -e .[plot]"
-        ) from None
+        raise SystemExit("error: --plot needs matplotlib: pip install -e .[plot]") from None
     return plt
 
 
