@@ -238,6 +238,12 @@ def test_bad_input_is_one_line(run, exported, tmp_path):
     )
     with pytest.raises(EvalError, match="--extra-steps -1"):
         evaluate(run_dir, extra_steps=-1)
+    assert "mesh=nope: no " in _one_line_error(None, [run_dir, "mesh=nope"])
+    # overrides of a run's config: another mesh preset and eval batch, the same counts
+    base = evaluate(run_dir)
+    other = evaluate(run_dir, overrides=["mesh=cpu", "data.eval_batch_size=8"])
+    for key in ("exact_accuracy", "count", "mean_steps"):
+        assert other[key] == base[key]
 
 
 def test_bad_source_is_one_line(tmp_path):

@@ -97,13 +97,25 @@ def _restore_run(run_dir: str, step: int | None, data: str | None, overrides):
 
 
 def _merge_overrides(cfg, overrides) -> None:
+    """key=value overrides onto a run's saved config; `mesh=NAME` swaps in configs/mesh/NAME.yaml
+    (e.g. a v4-64 run evaluated on one machine: mesh=cpu)."""
     from omegaconf import OmegaConf
+
+    from train.compose import CONFIG_DIR
 
     bad = [o for o in overrides if "=" not in o or o.startswith("+")]
     if bad:
         raise EvalError(f"overrides {bad}: a run directory takes key=value overrides only")
     OmegaConf.set_struct(cfg, False)
-    cfg.merge_with(OmegaConf.from_dotlist(list(overrides)))
+    for o in overrides:
+        key, value = o.split("=", 1)
+        if key == "mesh":
+            path = os.path.join(CONFIG_DIR, "mesh", f"{value}.yaml")
+            if not os.path.isfile(path):
+                raise EvalError(f"mesh={value}: no {path}")
+            cfg.mesh = OmegaConf.merge(cfg.mesh, OmegaConf.load(path))
+        else:
+            cfg.merge_with(OmegaConf.from_dotlist([o]))
     OmegaConf.set_struct(cfg, True)
 
 
@@ -427,7 +439,7 @@ def evaluate(source: str, *, step: int | None = None, data: str | None = None,
     docstring. Raises EvalError (one line) on bad input."""
     import jax
 
-    overrides = list(overrides)
+    overrides, data_arg = list(overrides), data
     with tempfile.TemporaryDirectory() as tmp:
         if data is not None and os.path.isfile(data) and data.endswith(".csv"):
             data = sudoku_csv_dataset(data, os.path.join(tmp, "sudoku_csv"))
@@ -459,7 +471,7 @@ def evaluate(source: str, *, step: int | None = None, data: str | None = None,
                 report.update(data=cfg.data.path, **evaluate_gpt(task, state))
                 return report
             run_data = cfg.data.get("path") or None
-            report["data"] = data or run_data
+            report["data"] = data_arg or run_data
             report.update(
                 evaluate_trm(
                     task, state, data or run_data, run_data=trained_on,
