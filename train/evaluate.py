@@ -156,6 +156,7 @@ _UPSTREAM_MODEL_KEYS = (
     "H_cycles", "L_cycles", "H_layers", "L_layers", "hidden_size", "expansion", "num_heads",
     "pos_encodings", "rms_norm_eps", "rope_theta", "halt_max_steps", "halt_exploration_prob",
     "forward_dtype", "mlp_t", "puzzle_emb_ndim", "puzzle_emb_len", "no_ACT_continue",
+    "act_enabled", "act_inference",
 )  # fmt: skip
 
 
