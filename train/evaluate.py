@@ -469,6 +469,10 @@ def evaluate(source: str, *, step: int | None = None, data: str | None = None,
                 report.update(kind="upstream_trm")
         with jax.set_mesh(task.mesh):
             if cfg.task == "gpt":
+                if extra_steps or halt or show:
+                    raise EvalError(
+                        "--extra-steps, --halt and --show are TRM options (a GPT source)"
+                    )
                 report.update(data=cfg.data.path, **evaluate_gpt(task, state))
                 return report
             run_data = cfg.data.get("path") or None
