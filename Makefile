@@ -25,8 +25,13 @@ $(BIN)/.installed-dev: pyproject.toml $(BIN)/.installed-base
 	$(BIN)/python -m pip install -q -e ".[dev,parity,tpu]"
 	touch $@
 
+DEMO_RUN ?= runs/trm_sudoku_tiny
+
 demo: $(BIN)/.installed-base
 	$(BIN)/python -m train.main +experiment=trm_sudoku_tiny $(DEMO_ARGS)
+	$(BIN)/python -m train.evaluate $(DEMO_RUN) --show 1
+	@echo "run directory: $(DEMO_RUN) (config.yaml; metrics: $(DEMO_RUN)/metrics.jsonl," \
+	  "$(DEMO_RUN)/final.json; checkpoints: $(DEMO_RUN)/checkpoints/<step>/)"
 
 test: $(BIN)/.installed-dev
 	$(BIN)/python -m pytest -m "not slow" -n 2 --timeout=900 $(PYTEST_ARGS)

@@ -21,6 +21,7 @@ model in eval mode, metrics from the last step; per-set sums divided by count.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import logging
 import os
@@ -29,13 +30,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from tqdm import tqdm
 
 from data.arc_eval import ARCEvaluator
 from data.puzzle_format import load_metadata, load_split
 from data.puzzle_source import PuzzleTestDataset, PuzzleTrainDataset
 from models.state_dict import load_file
 from models.trm import TRM, TRMConfig
-from models.trm.losses import act_loss, normalize_metrics
+from models.trm.losses import IGNORE_LABEL_ID, act_loss, normalize_metrics
 from models.trm.optim import total_steps as schedule_steps
 from models.trm.params import from_torch, to_torch
 from models.trm.train_step import (
@@ -177,7 +179,7 @@ class TRMTask(Task):
         self.items_per_step = self.batch
         self.flops_per_step = trm_flops_per_step(self.model_cfg, self.batch)
         self._train_ds = None  # the PuzzleTrainDataset of train_iterator (eval_due reads it)
-        self._eval_fn = None
+        self._eval_fns = {}  # (eval batch, extra steps, halt) -> jitted eval_rollout
         self._arc = None  # one ARCEvaluator per run: its votes accumulate over evaluations
         self._setup()
 
@@ -322,54 +324,153 @@ class TRMTask(Task):
     # --- eval -------------------------------------------------------------------------------
     def eval_step(self, train_state, batch):
         """Fresh carry, halt_max_steps ACT steps of the EMA model, metrics of the last step."""
+        out = self.eval_rollout(train_state, batch)
+        return out["sums"], out["preds"], out["q_halt_logits"]
+
+    def eval_rollout(self, train_state, batch, *, extra_steps: int = 0, halt: bool = False,
+                     trace: bool = False):  # fmt: skip
+        """One evaluation batch, pure and jittable: a FRESH carry, then halt_max_steps +
+        `extra_steps` ACT steps of the EMA model in eval mode (upstream: halt_max_steps, no
+        halting), metrics (`act_loss` sums) of the last step. Also returns `per_step` sums
+        (`exact_accuracy`, `accuracy` of every labelled row after each ACT step; the last entry
+        is the reported one), and with `trace` the predictions of every step ([S, B, L]).
+
+        `halt`: the Q head halts a row at its first step where `halting_rule` fires (as in
+        training, without exploration), or at the last step; the row's logits and q from that
+        step are the ones scored, and `steps` counts its steps (upstream never halts in eval)."""
         model = ema_model(self.graphdef, train_state)
+        total = self.model_cfg.halt_max_steps + int(extra_steps)
+        if extra_steps:  # the wrapper halts every row at halt_max_steps: move that point
+            model.config = dataclasses.replace(model.config, halt_max_steps=total)
+        labels_bl = batch["labels"]
+        mask_bl = labels_bl != IGNORE_LABEL_ID
+        counts_b = jnp.sum(mask_bl, axis=-1)
+
+        def step_sums(outputs):
+            return _step_sums(outputs["logits"], labels_bl, mask_bl, counts_b)
+
+        def freeze(frozen, outputs, steps_b, last):
+            return _freeze(model, frozen, outputs, steps_b, last)
+
         carry = model.initial_carry(batch)
-        n = self.model_cfg.halt_max_steps
-        carry = jax.lax.fori_loop(0, n - 1, lambda i, c: model(c, batch)[0], carry)
+        frozen = None
+        if halt:
+            shapes = jax.eval_shape(lambda c: model(c, batch)[1], carry)
+            frozen = {k: jnp.zeros(shapes[k].shape, shapes[k].dtype) for k in _HALT_KEYS}
+            frozen.update(steps=carry.steps, done=jnp.zeros_like(carry.halted))
+
+        def body(state, _):
+            carry, frozen = state
+            carry, outputs = model(carry, batch)
+            if halt:
+                frozen = freeze(frozen, outputs, carry.steps, False)
+            sums, preds_bl = step_sums(outputs)
+            return (carry, frozen), (sums, _trace(model, outputs, preds_bl) if trace else None)
+
+        (carry, frozen), (early, early_trace) = jax.lax.scan(
+            body, (carry, frozen), None, length=total - 1
+        )
         carry, outputs = model(carry, batch)
+        outputs_last = outputs
+        last_sums, preds_bl = step_sums(outputs)
+        if halt:
+            frozen = freeze(frozen, outputs, carry.steps, True)
+            carry = carry.replace(steps=frozen["steps"])
+            outputs = {**outputs, **{k: frozen[k] for k in _HALT_KEYS}}
         _, sums = act_loss(
             carry, outputs, loss_type=self.optim.loss_type, loss_dtype=self.optim.loss_dtype
         )
-        preds = jnp.argmax(outputs["logits"], axis=-1).astype(jnp.int32)
-        return _float32(sums), preds, outputs["q_halt_logits"].astype(jnp.float32)
+        if not halt:  # the last step's entry IS the reported metric (same sums, by construction)
+            last_sums = {k: sums[k] for k in last_sums}
+        per_step = {
+            k: jnp.concatenate(
+                [early[k].astype(jnp.float32), last_sums[k][None].astype(jnp.float32)]
+            )
+            for k in last_sums
+        }
+        result = {
+            "sums": _float32(sums),
+            "per_step": per_step,
+            "preds": jnp.argmax(outputs["logits"], axis=-1).astype(jnp.int32),
+            "q_halt_logits": outputs["q_halt_logits"].astype(jnp.float32),
+        }
+        if trace:  # [S, B, ...]: the predictions and the Q head's halting decision of every step
+            last = _trace(model, outputs_last, preds_bl)
+            for k, v in last.items():
+                result[k] = jnp.concatenate([early_trace[k], v[None]])
+        return result
 
-    def _eval_dataset(self):
-        if not os.path.exists(os.path.join(self.data_dir, "test", "dataset.json")):
+    def _eval_dataset(self, data_dir: str | None = None, batch_size: int | None = None):
+        data_dir = data_dir or self.data_dir
+        if not os.path.exists(os.path.join(data_dir, "test", "dataset.json")):
             return None
-        eval_batch = int(self.cfg.data.get("eval_batch_size", 0) or self.batch)
-        return PuzzleTestDataset(self.data_dir, global_batch_size=eval_batch)
+        eval_batch = batch_size or int(self.cfg.data.get("eval_batch_size", 0) or self.batch)
+        return PuzzleTestDataset(data_dir, global_batch_size=eval_batch)
 
     def evaluate(self, state, step: int) -> dict:
-        ds = self._eval_dataset()
-        if ds is None:
+        res = self.run_eval(state, evaluator=self._evaluator())
+        if res is None:
             log.warning("NO EVAL DATA FOUND in %s/test", self.data_dir)
             return {}
+        out = {f"eval/all/{k}": v for k, v in res["metrics"].items()}
+        if res["evaluator"] is not None:
+            out.update(self._arc_result(res["evaluator"], step))
+        return out
+
+    def run_eval(self, state, *, data_dir: str | None = None, batch_size: int | None = None,
+                 extra_steps: int = 0, halt: bool = False, evaluator=None,
+                 progress: bool = False) -> dict | None:  # fmt: skip
+        """The evaluation loop the trainer runs (`evaluate`) and `python -m train.evaluate`
+        runs: every test batch of `data_dir` (default data.path) through the jitted, sharded
+        `eval_rollout`, summed on device, normalised as upstream (`normalize_metrics`, eval).
+        -> {"metrics", "per_step": {"exact_accuracy": [...], "accuracy": [...]}, "count",
+        "evaluator"} (None without a test split). `evaluator` (ARCEvaluator) gets every batch's
+        predictions and q_halt logits."""
+        ds = self._eval_dataset(data_dir, batch_size)
+        if ds is None:
+            return None
         g, L = ds.global_batch_size, self.meta.seq_len
         shapes = {
             "inputs": ((g, L), np.int32, 0),
             "labels": ((g, L), np.int32, 0),
             "puzzle_identifiers": ((g,), np.int32, 0),
         }
-        if self._eval_fn is None:
-            batch_sh = {k: v.sharding for k, v in self.abstract_batch(shapes).items()}
-            out_sh = (mesh_lib.replicated(self.mesh), batch_sh["inputs"], self.batch_sharding(1))
-            self._eval_fn = jax.jit(
-                self.eval_step,
-                in_shardings=(self.state_shardings["train"], batch_sh),
-                out_shardings=out_sh,
-            )
-        total, evaluator = None, self._evaluator()
-        for local in ds:
-            sums, preds, q_halt = self._eval_fn(state["train"], self.to_global(local, shapes))
-            total = sums if total is None else jax.tree.map(jnp.add, total, sums)
+        fn = self._eval_fn_for(shapes, int(extra_steps), bool(halt))
+        total, per_step = None, None
+        for local in tqdm(ds, desc="evaluate", unit="batch", disable=not progress):
+            out = fn(state["train"], self.to_global(local, shapes))
+            total = out["sums"] if total is None else jax.tree.map(jnp.add, total, out["sums"])
+            steps = out["per_step"]
+            per_step = steps if per_step is None else jax.tree.map(jnp.add, per_step, steps)
             if evaluator is not None:
-                rows = {"preds": _local_rows(preds), "q_halt_logits": _local_rows(q_halt)}
+                rows = {
+                    "preds": _local_rows(out["preds"]),
+                    "q_halt_logits": _local_rows(out["q_halt_logits"]),
+                }
                 evaluator.update_batch(local, rows)
         sums = {k: float(v) for k, v in jax.device_get(total).items()}  # host float64 from here
-        out = {f"eval/all/{k}": v for k, v in normalize_metrics(sums, mode="eval").items()}
-        if evaluator is not None:
-            out.update(self._arc_result(evaluator, step))
-        return out
+        count = sums["count"]
+        per_step = {k: [float(x) / count for x in v] for k, v in jax.device_get(per_step).items()}
+        metrics = normalize_metrics(sums, mode="eval")
+        return {"metrics": metrics, "per_step": per_step, "count": count, "evaluator": evaluator}
+
+    def _eval_fn_for(self, shapes, extra_steps: int, halt: bool):
+        """The jitted eval_rollout for these batch shapes and options (one compile each)."""
+        key = (shapes["inputs"][0], extra_steps, halt)
+        if key not in self._eval_fns:
+            batch_sh = {k: v.sharding for k, v in self.abstract_batch(shapes).items()}
+            rows = batch_sh["inputs"]
+            out_sh = {
+                "sums": mesh_lib.replicated(self.mesh),
+                "per_step": mesh_lib.replicated(self.mesh),
+                "preds": rows,
+                "q_halt_logits": self.batch_sharding(1),
+            }
+            fn = functools.partial(self.eval_rollout, extra_steps=extra_steps, halt=halt)
+            self._eval_fns[key] = jax.jit(
+                fn, in_shardings=(self.state_shardings["train"], batch_sh), out_shardings=out_sh
+            )
+        return self._eval_fns[key]
 
     def _evaluator(self):
         """data.arc_eval.ARCEvaluator when configured (data.evaluator: arc). One instance per
@@ -411,6 +512,10 @@ class TRMTask(Task):
         return to_torch(ema_model(self.graphdef, jax.device_get(state["train"])))
 
 
+# What --halt freezes per row at its halting step (eval_rollout)
+_HALT_KEYS = ("logits", "q_halt_logits", "q_continue_logits")
+
+
 @dataclasses.dataclass
 class _Meta:
     seq_len: int
@@ -418,6 +523,37 @@ class _Meta:
     num_puzzle_identifiers: int
     total_groups: int
     mean_puzzle_examples: float
+
+
+def _step_sums(logits_blv, labels_bl, mask_bl, counts_b):
+    """Sums over the labelled rows of one ACT step's predictions (exact, token accuracy)."""
+    preds_bl = jnp.argmax(logits_blv, axis=-1).astype(jnp.int32)
+    correct_bl = mask_bl & (preds_bl == labels_bl)
+    valid_b = counts_b > 0
+    frac_b = jnp.sum(correct_bl.astype(jnp.float32) / jnp.maximum(counts_b, 1)[:, None], -1)
+    sums = {
+        "exact_accuracy": jnp.sum(valid_b & (jnp.sum(correct_bl, -1) == counts_b)),
+        "accuracy": jnp.sum(jnp.where(valid_b, frac_b, 0)),
+    }
+    return sums, preds_bl
+
+
+def _freeze(model, frozen: dict, outputs: dict, steps_b, last: bool) -> dict:
+    """--halt: rows whose Q head halts now (or every row still running at the last step) keep
+    this step's logits, q and step count."""
+    rule_b = model.halting_rule(outputs["q_halt_logits"], outputs["q_continue_logits"])
+    now_b = ~frozen["done"] & (rule_b | last)
+
+    def pick(new, old):
+        return jnp.where(now_b.reshape((-1,) + (1,) * (new.ndim - 1)), new, old)
+
+    kept = {k: pick(outputs[k], frozen[k]) for k in _HALT_KEYS}
+    return {**kept, "steps": pick(steps_b, frozen["steps"]), "done": frozen["done"] | now_b}
+
+
+def _trace(model, outputs, preds_bl) -> dict:
+    halts_b = model.halting_rule(outputs["q_halt_logits"], outputs["q_continue_logits"])
+    return {"step_preds": preds_bl, "step_halts": halts_b}
 
 
 def _float32(metrics: dict) -> dict:

@@ -1,0 +1,364 @@
+"""`python -m train.evaluate`: the trainer's own numbers from a run directory, an exported
+upstream-format checkpoint and a Sudoku CSV; per-step accuracy, --extra-steps, --halt, --show,
+ARC pass@K, and one-line errors. One tiny TRM run is trained per module."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from data.puzzle_format import load_split
+from parity.compare import EXACT, assert_close
+from tests.helpers import build_tiny_sudoku, tiny_trm_overrides
+from train.compose import load_config
+from train.evaluate import EvalError, evaluate, main, upstream_overrides
+from train.mesh import make_mesh
+from train.metrics import read_jsonl
+from train.trainer import train
+
+FLOAT32_LOSS = ["optim.loss_dtype=float32"]  # no process-wide x64 switch in this worker
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """(run dir, data dir, overrides): trm_sudoku_tiny shrunk, 2 evaluations (steps 2 and 4)."""
+    root = tmp_path_factory.mktemp("evaluate")
+    data = build_tiny_sudoku(str(root / "sudoku"))
+    overrides = tiny_trm_overrides(data, str(root / "runs"), "tiny") + FLOAT32_LOSS
+    cfg = load_config(overrides)
+    train(cfg, make_mesh(cfg.mesh))
+    return str(root / "runs" / "tiny"), data, overrides
+
+
+def _logged_evals(run_dir):
+    return {
+        r["step"]: {k: v for k, v in r.items() if k.startswith("eval/")}
+        for r in read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+        if "eval/all/exact_accuracy" in r
+    }
+
+
+def _same(name, got: dict, want: dict):
+    assert sorted(got) == sorted(want), (sorted(got), sorted(want))
+    for k in want:
+        assert_close(f"{name} {k}", np.float64(got[k]), np.float64(want[k]), EXACT)
+
+
+@pytest.mark.slow
+def test_run_directory_gives_the_trainers_eval_exactly(run):
+    """Every eval metric the trainer logged at steps 2 and 4 (latest and --step), bit for bit;
+    the per-step curve has halt_max_steps entries and its last entry is the reported one."""
+    run_dir, data, _ = run
+    logged = _logged_evals(run_dir)
+    assert sorted(logged) == [2, 4]
+    latest = evaluate(run_dir)
+    assert latest["step"] == 4 and latest["data"] == data and latest["count"] == 16
+    _same("latest", latest["metrics"], logged[4])
+    _same("--step 2", evaluate(run_dir, step=2)["metrics"], logged[2])
+    ps = latest["per_step"]
+    assert len(ps["exact_accuracy"]) == len(ps["token_accuracy"]) == 4  # halt_max_steps
+    assert ps["exact_accuracy"][-1] == latest["exact_accuracy"]
+    assert ps["token_accuracy"][-1] == latest["token_accuracy"]
+    assert latest["mean_steps"] == 4.0
+    # the steps differ from one another (the curve is per step, not one number repeated)
+    assert len(set(ps["token_accuracy"])) > 1, ps
+
+
+@pytest.mark.slow
+def test_extra_steps_extend_the_curve_and_keep_its_first_steps(run):
+    run_dir, _, _ = run
+    base = evaluate(run_dir)
+    more = evaluate(run_dir, extra_steps=3)
+    assert more["steps_run"] == 7 and more["mean_steps"] == 7.0
+    for key in ("exact_accuracy", "token_accuracy"):
+        assert len(more["per_step"][key]) == 7
+        assert more["per_step"][key][:4] == base["per_step"][key]  # the same first 4 steps
+        assert more[key] == more["per_step"][key][-1]  # reported: the last step run
+    # steps 5.. continue the recursion: a restart from a fresh carry would repeat steps 1..
+    assert more["per_step"]["token_accuracy"][4:] != base["per_step"]["token_accuracy"][:3]
+    assert more["count"] == base["count"]
+
+
+@pytest.mark.slow
+def test_sudoku_csv_gives_the_numbers_of_the_same_puzzles(run, tmp_path):
+    """The test split written as a Sudoku-Extreme CSV (source,question,answer,rating) evaluates
+    to the split's own numbers."""
+    run_dir, data, _ = run
+    split = load_split(data, "test").sets["all"]
+    path = tmp_path / "test.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["source", "question", "answer", "rating"])
+        for q, a in zip(split.inputs, split.labels):
+            qs = "".join("." if t == 1 else str(t - 1) for t in q)
+            w.writerow(["gen", qs, "".join(str(t - 1) for t in a), 0])
+    via_csv = evaluate(run_dir, data=str(path))
+    _same("csv", via_csv["metrics"], evaluate(run_dir)["metrics"])
+
+
+@pytest.fixture(scope="module")
+def exported(run, tmp_path_factory):
+    pytest.importorskip("torch")
+    from train.export import export
+
+    run_dir, _, _ = run
+    return export(run_dir, str(tmp_path_factory.mktemp("export") / "step_4"))
+
+
+def _upstream_overrides(overrides):
+    """The run's model/data settings without its run-directory ones."""
+    return [o for o in overrides if not o.startswith(("run.", "logging.", "trainer.log"))]
+
+
+@pytest.mark.slow
+def test_exported_upstream_checkpoint_evaluates_like_its_run(run, exported, tmp_path):
+    """train.export's upstream state_dict, configured by overrides and by an upstream
+    all_config.yaml beside it: the run's numbers, bit for bit."""
+    run_dir, data, overrides = run
+    want = _logged_evals(run_dir)[4]
+    got = evaluate(exported, data=data, overrides=_upstream_overrides(overrides))
+    assert got["kind"] == "upstream_trm"
+    _same("exported + overrides", got["metrics"], want)
+
+    cfg = load_config(overrides)
+    arch = {k: v for k, v in dict(cfg.model).items() if k not in ("remat", "scan")}
+    all_config = {
+        "arch": {"name": "recursive_reasoning.trm@TinyRecursiveReasoningModel_ACTV1", **arch,
+                 "loss": {"name": "losses@ACTLossHead", "loss_type": "stablemax_cross_entropy"}},
+        "data_paths": [data], "evaluators": [], "global_batch_size": 16, "ema": True,
+    }  # fmt: skip
+    beside = tmp_path / "step_4"
+    shutil.copy(exported, beside)
+    (tmp_path / "all_config.yaml").write_text(json.dumps(all_config))  # JSON is YAML
+    from_yaml = evaluate(str(beside), overrides=FLOAT32_LOSS)
+    _same("exported + all_config.yaml", from_yaml["metrics"], want)
+    assert "model.arch=trm" in upstream_overrides(all_config)
+
+
+@pytest.mark.slow
+def test_halt_scores_each_row_where_the_q_head_halts(run, exported, tmp_path):
+    """A checkpoint whose Q head always says halt (q_halt = +5): with --halt every row stops
+    after ACT step 1, so the report is step 1's accuracy; without --halt, nothing changes."""
+    import torch
+
+    run_dir, data, overrides = run
+    sd = torch.load(exported, weights_only=True)
+    key = next(k for k in sd if k.endswith("q_head.weight"))
+    sd[key] = torch.zeros_like(sd[key])
+    sd[key.replace("weight", "bias")] = torch.tensor([5.0, -5.0])
+    path = str(tmp_path / "halting")
+    torch.save(sd, path)
+    ov = _upstream_overrides(overrides)
+    plain = evaluate(path, data=data, overrides=ov)
+    halted = evaluate(path, data=data, overrides=ov, halt=True)
+    assert plain["mean_steps"] == 4.0 and halted["mean_steps"] == 1.0
+    assert halted["per_step"] == plain["per_step"]  # the curve itself never halts
+    assert halted["exact_accuracy"] == plain["per_step"]["exact_accuracy"][0]
+    assert_close(
+        "--halt token accuracy vs step 1",
+        np.float64(halted["token_accuracy"]),
+        np.float64(plain["per_step"]["token_accuracy"][0]),
+        EXACT,
+    )
+    assert halted["token_accuracy"] != plain["token_accuracy"]
+    # q_halt >= 0 says "this row is right" for every row: q-halt accuracy = exact accuracy
+    assert halted["q_halt_accuracy"] == halted["exact_accuracy"]
+
+
+@pytest.mark.slow
+def test_show_prints_the_boards_of_every_step(run, capsys):
+    run_dir, data, _ = run
+    main([run_dir, "--show", "2"])
+    out = capsys.readouterr().out
+    split = load_split(data, "test").sets["all"]
+    for i in range(2):
+        assert f"puzzle {i}: " in out
+        first_row = " ".join("." if t == 1 else str(t - 1) for t in split.inputs[i][:9])
+        answer_row = " ".join(str(t - 1) for t in split.labels[i][:9])
+        assert first_row in out and answer_row in out
+    boards = out[out.index("puzzle 0: ") :]
+    assert boards.count("step 4") == 2 and "step 5" not in boards  # halt_max_steps boards each
+    assert "*" in out  # a tiny run gets cells wrong, and they are marked
+
+
+@pytest.mark.slow
+def test_json_and_plot_outputs(run, tmp_path):
+    pytest.importorskip("matplotlib")
+    run_dir, _, _ = run
+    out, png = tmp_path / "r.json", tmp_path / "acc.png"
+    main([run_dir, "--json", str(out), "--plot", str(png), "--show", "1", "--extra-steps", "1"])
+    r = json.loads(out.read_text())
+    for key in ("exact_accuracy", "token_accuracy", "count", "per_step"):
+        assert key in r
+    assert len(r["per_step"]["exact_accuracy"]) == 5
+    for p in (png, tmp_path / "acc_show.png", tmp_path / "acc_show.gif"):
+        assert p.stat().st_size > 1000, p
+
+
+def _one_line_error(capsys_or_none, argv) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    msg = str(e.value.code)
+    assert msg.startswith("error: ") and "\n" not in msg, msg
+    return msg
+
+
+@pytest.mark.slow
+def test_bad_input_is_one_line(run, exported, tmp_path):
+    run_dir, data, overrides = run
+    assert "--step 3 not saved; checkpoints: [2, 4]" in _one_line_error(
+        None, [run_dir, "--step", "3"]
+    )
+    assert "no all_config.yaml beside it" in _one_line_error(None, [exported, "--data", data])
+    # a checkpoint that does not fit the config (another hidden size)
+    bad = [*_upstream_overrides(overrides), "model.hidden_size=32"]
+    assert "does not fit the config" in _one_line_error(None, [exported, "--data", data, *bad])
+    # a data set whose sequences do not fit the model (4x4 grids for a 9x9 model)
+    from data.puzzle_format import PuzzleArrays, make_metadata, write_dataset
+
+    arrays = PuzzleArrays(
+        inputs=np.ones((2, 16), np.uint8), labels=np.full((2, 16), 2, np.uint8),
+        puzzle_identifiers=np.zeros(2, np.int32), puzzle_indices=np.arange(3, dtype=np.int32),
+        group_indices=np.arange(3, dtype=np.int32),
+    )  # fmt: skip
+    meta = make_metadata(arrays, vocab_size=11, pad_id=0, ignore_label_id=0,
+                         blank_identifier_id=0, num_puzzle_identifiers=1, total_puzzles=2,
+                         mean_puzzle_examples=1.0)  # fmt: skip
+    small = tmp_path / "small"
+    write_dataset(small, {"test": (meta, {"all": arrays})}, ["<blank>"])
+    msg = _one_line_error(None, [run_dir, "--data", str(small)])
+    assert "seq_len=16, but the model has seq_len=81" in msg
+    assert "--batch 3: expected a positive multiple of 8" in _one_line_error(
+        None, [run_dir, "--batch", "3"]
+    )
+    with pytest.raises(EvalError, match="--extra-steps -1"):
+        evaluate(run_dir, extra_steps=-1)
+    assert "mesh=nope: no " in _one_line_error(None, [run_dir, "mesh=nope"])
+    # overrides of a run's config: another mesh preset and eval batch, the same counts
+    base = evaluate(run_dir)
+    other = evaluate(run_dir, overrides=["mesh=cpu", "data.eval_batch_size=8"])
+    for key in ("exact_accuracy", "count", "mean_steps"):
+        assert other[key] == base[key]
+
+
+def test_bad_source_is_one_line(tmp_path):
+    assert "no such file or run directory" in _one_line_error(None, [str(tmp_path / "nope")])
+    assert "without config.yaml" in _one_line_error(None, [str(tmp_path)])
+    assert "--data" in _one_line_error(None, [str(tmp_path), "--data", str(tmp_path / "y")])
+
+
+# --- ARC --------------------------------------------------------------------------------------
+def _arc_tasks(n: int, seed: int, prefix: str):
+    """Kaggle-layout tasks; even-numbered tasks are the identity (output = input), odd ones
+    shift every colour by 1."""
+    rng = np.random.default_rng(seed)
+    challenges, solutions = {}, {}
+    for t in range(n):
+
+        def pair(t=t):
+            g = rng.integers(0, 10, size=tuple(rng.integers(2, 6, size=2)))
+            return g.tolist(), (g if t % 2 == 0 else (g + 1) % 10).tolist()
+
+        demos, (ti, to) = [pair() for _ in range(2)], pair()
+        name = f"{prefix}{t:04x}"
+        challenges[name] = {"train": [{"input": i, "output": o} for i, o in demos],
+                            "test": [{"input": ti}]}  # fmt: skip
+        solutions[name] = [to]
+    return challenges, solutions
+
+
+def _copy_model_checkpoint(path: str, num_puzzle_identifiers: int, arch: dict) -> None:
+    """An upstream-format TRM whose prediction is its input, by construction: every block weight,
+    latent init, puzzle embedding and q weight is zero, so each block is an RMS norm of its input
+    and z_H ends up a positive multiple of the token embedding; token v embeds as the unit vector
+    e_v and lm_head reads e_v back, so argmax(logits) is the input token at every cell."""
+    import torch
+    from flax import nnx
+
+    from models.trm import TRM, TRMConfig
+    from models.trm.params import to_torch
+
+    cfg = TRMConfig(batch_size=8, seq_len=900, vocab_size=12,
+                    num_puzzle_identifiers=num_puzzle_identifiers, **arch)  # fmt: skip
+    sd = {k: torch.zeros_like(v) for k, v in to_torch(TRM(cfg, rngs=nnx.Rngs(0))).items()}
+    eye = torch.eye(12, arch["hidden_size"])
+    sd["model.inner.embed_tokens.embedding_weight"] = eye
+    sd["model.inner.lm_head.weight"] = eye.clone()
+    torch.save(sd, path)
+
+
+def test_arc_pass_at_k_of_a_model_that_copies_its_input(tmp_path):
+    """ARC through the voting evaluator, on a data set built by data.arc from 4 evaluation tasks
+    (2 identity, 2 not) with 2 augmentations each: a model that predicts its input (augmented
+    grid, un-augmented by the evaluator) solves exactly the identity tasks: pass@1 = pass@2 =
+    0.5; exact accuracy = the share of test rows whose answer equals their input."""
+    pytest.importorskip("torch")
+    from data import arc
+
+    prefix = tmp_path / "kaggle" / "arc-agi"
+    prefix.parent.mkdir()
+    for subset, n, seed in (("training", 2, 0), ("evaluation", 4, 1)):
+        ch, so = _arc_tasks(n, seed, prefix=f"{subset[:2]}00")
+        (tmp_path / "kaggle" / f"arc-agi_{subset}_challenges.json").write_text(json.dumps(ch))
+        (tmp_path / "kaggle" / f"arc-agi_{subset}_solutions.json").write_text(json.dumps(so))
+    data = str(tmp_path / "arc")
+    arc.main(["--input-file-prefix", str(prefix), "--output-dir", data, "--num-aug", "2",
+              "--subsets", "training", "evaluation", "--test-set-name", "evaluation"])  # fmt: skip
+    ids = json.loads((tmp_path / "arc" / "identifiers.json").read_text())
+    arch = dict(H_cycles=1, L_cycles=1, L_layers=1, H_layers=0, hidden_size=16, num_heads=2,
+                expansion=1.0, pos_encodings="none", halt_max_steps=2, puzzle_emb_ndim=16,
+                puzzle_emb_len=1, forward_dtype="float32", mlp_t=False)  # fmt: skip
+    ckpt = tmp_path / "ckpt" / "step_1"
+    ckpt.parent.mkdir()
+    _copy_model_checkpoint(str(ckpt), len(ids), arch)
+    all_config = {
+        "arch": {"name": "recursive_reasoning.trm@TinyRecursiveReasoningModel_ACTV1", **arch},
+        "data_paths": [data], "evaluators": [{"name": "arc@ARC"}], "global_batch_size": 8,
+    }  # fmt: skip
+    (ckpt.parent / "all_config.yaml").write_text(json.dumps(all_config))
+    r = evaluate(str(ckpt), overrides=FLOAT32_LOSS, save_dir=str(tmp_path / "out"))
+    assert r["pass@1"] == r["pass@2"] == r["ARC/pass@2"] == 0.5, r
+    split = load_split(data, "test").sets["all"]
+    # rows whose labelled cells (PAD: -100 once loaded) all equal the input
+    same = np.mean([((i == lab) | (lab <= 0)).all() for i, lab in zip(split.inputs, split.labels)])
+    assert r["count"] == len(split.inputs) and r["exact_accuracy"] == same, (r, same)
+    sub = json.loads((tmp_path / "out" / "submission.json").read_text())
+    ch, so = _arc_tasks(4, 1, prefix="ev00")
+    for t, name in enumerate(sorted(so)):  # identity tasks: attempt_1 is the answer
+        assert (sub[name][0]["attempt_1"] == so[name][0]) == (t % 2 == 0)
+    # the same tasks built with another augmentation count number their puzzles differently
+    other = str(tmp_path / "arc_aug1")
+    arc.main(["--input-file-prefix", str(prefix), "--output-dir", other, "--num-aug", "1",
+              "--subsets", "training", "evaluation", "--test-set-name", "evaluation"])  # fmt: skip
+    with pytest.raises(EvalError, match="identifiers.json differs from the run's"):
+        evaluate(str(ckpt), data=other, overrides=FLOAT32_LOSS)
+
+
+# --- nanoGPT ----------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_nanogpt_run_and_ckpt_pt_give_the_trainers_losses(tmp_path):
+    """A tiny GPT run's logged eval losses, from its run directory and from its exported
+    nanoGPT ckpt.pt (+ --data), bit for bit (the trainer's estimate_loss batches and seed)."""
+    pytest.importorskip("torch")
+    from tests.helpers import build_tiny_text, tiny_gpt_overrides
+    from train.export import export
+
+    data = build_tiny_text(str(tmp_path / "text"))
+    overrides = tiny_gpt_overrides(data, str(tmp_path / "runs"), "gpt")
+    cfg = load_config(overrides)
+    train(cfg, make_mesh(cfg.mesh))
+    run_dir = str(tmp_path / "runs" / "gpt")
+    last = [r for r in read_jsonl(os.path.join(run_dir, "metrics.jsonl")) if "eval/val_loss" in r]
+    want = last[-1]
+    from_run = evaluate(run_dir)
+    assert from_run["kind"] == "run"
+    ckpt = export(run_dir, str(tmp_path / "ckpt.pt"))
+    from_pt = evaluate(ckpt, data=data, overrides=_upstream_overrides(overrides))
+    assert from_pt["kind"] == "nanogpt"
+    for r in (from_run, from_pt):
+        assert r["val_loss"] == want["eval/val_loss"] and r["train_loss"] == want["eval/train_loss"]
