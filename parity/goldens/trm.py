@@ -30,11 +30,9 @@ float64 leaf. Everything else is upstream's code unchanged.
 from __future__ import annotations
 
 import contextlib
-import copy
 import importlib
 import json
 import sys
-import tempfile
 import types
 from pathlib import Path
 
@@ -300,6 +298,7 @@ def gradients(head, config: dict) -> tuple[dict, dict]:
     floats["puzzle_rows"] = pe.local_weights.grad
     floats["loss"] = loss
     exact = {f"explore_{name}": x for name, x in draws}
+    exact.update({f"batch.{k}": v for k, v in batch.items()})
     return {k: _np(v) for k, v in exact.items()}, {k: _np(v) for k, v in floats.items()}
 
 
@@ -367,6 +366,9 @@ def generate(src: Path, out: Path) -> dict:
         "upstream": "SamsungSAILMontreal/TinyRecursiveModels",
         "commit": git_commit(src),
         "torch": torch.__version__,
+        # ATen picks float32 vector kernels by CPU; a run with the same ones is bit-identical
+        "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_threads": 1,
         "numpy": np.__version__,
         "seed": SEED,
         "envelope_seeds": list(ENVELOPE_SEEDS),
@@ -379,15 +381,17 @@ def generate(src: Path, out: Path) -> dict:
         "q logits (so q_halt_loss) to float32.",
         "variants": {},
     }
-    torch.set_num_threads(min(torch.get_num_threads(), 2))
-    with upstream(src) as imp:
-        for variant in VARIANTS:
-            section["variants"][variant] = generate_variant(imp, variant, out)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the tests (tests/conftest.py): reduction order depends on it
+    try:
+        with upstream(src) as imp:
+            for variant in VARIANTS:
+                section["variants"][variant] = generate_variant(imp, variant, out)
+    finally:
+        torch.set_num_threads(threads)
     write_manifest(out, {"trm": section})
     return section
 
 
 if __name__ == "__main__":  # python -m parity.goldens.trm SRC OUT
     print(json.dumps(generate(Path(sys.argv[1]), Path(sys.argv[2])), indent=1))
-    _ = tempfile
-    _ = copy
