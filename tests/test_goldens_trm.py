@@ -168,8 +168,8 @@ def test_port_rollout_matches_upstream(variant, dtype, mode, x64):
 
 def test_golden_train_rollouts_exercise_halting_and_refill():
     """What the train fixtures cover: the q head and exploration halt rows at different steps
-    (att, mlp_t) and halted slots are refilled from the next batch."""
-    for variant in ("att", "mlp_t"):
+    (att, mlp_t, hrm) and halted slots are refilled from the next batch."""
+    for variant in ("att", "mlp_t", "hrm"):
         steps = golden_steps(golden(variant, "float64"), "train")
         halted = np.stack([ex["halted"] for ex, _, _ in steps])
         counts = np.stack([ex["steps"] for ex, _, _ in steps])
@@ -381,3 +381,125 @@ def test_regenerating_reproduces_the_committed_fixtures(tmp_path):
         assert set(new) == set(old), name
         for k, v in old.items():
             assert_close(f"{name}:{k}", new[k], v, EXACT)
+
+
+# ------------------------------------------------------------------------------ data side
+
+
+def test_arc_evaluator_matches_upstream(tmp_path):
+    """data.arc_eval.ARCEvaluator on the batches upstream's evaluators/arc.py scored: the same
+    pass@K for every K (exactly), and the same submission.json except, on purpose, a test input
+    no row predicted: upstream drops it (shifting that task's later attempts), we keep its slot
+    with [[0]] (data/arc_eval.py)."""
+    from data.arc_eval import ARCEvaluator
+
+    meta = json.loads((FIXTURES / "trm_arc_eval.json").read_text())
+    arrays = load_npz(FIXTURES / "trm_arc_eval.npz")
+    (tmp_path / "identifiers.json").write_text(json.dumps(meta["identifiers"]))
+    (tmp_path / "test_puzzles.json").write_text(json.dumps(meta["test_puzzles"]))
+    ev = ARCEvaluator(tmp_path, submission_K=meta["submission_K"], pass_Ks=meta["pass_Ks"])
+    ev.begin_eval()
+    for i in range(meta["batches"]):
+        b = {k.split(".", 1)[1]: v for k, v in arrays.items() if k.startswith(f"batch{i}.")}
+        ev.update_batch(
+            {"inputs": b["inputs"], "puzzle_identifiers": b["puzzle_identifiers"]},
+            {"preds": b["preds"], "q_halt_logits": b["q_halt_logits"]},
+        )
+    metrics = ev.result(tmp_path / "out")
+    assert metrics == meta["metrics"]
+    assert metrics["ARC/pass@1"] < metrics["ARC/pass@2"]  # the vote decides something
+    ours = json.loads((tmp_path / "out" / "submission.json").read_text())
+    upstream = meta["submission"]
+    assert set(ours) == set(upstream)
+    for task, entries in upstream.items():
+        if entries:
+            assert ours[task] == entries, task
+        else:  # the task whose only test input got no prediction
+            n_test = len(meta["test_puzzles"][task]["test"])
+            assert ours[task] == [{"attempt_1": [[0]], "attempt_2": [[0]]}] * n_test, task
+
+
+def _dataset_dir(tmp_path) -> tuple[Path, dict, dict]:
+    from parity.goldens.trm_data import write_dataset_files
+
+    meta = json.loads((FIXTURES / "trm_puzzle_dataset.json").read_text())
+    arrays = load_npz(FIXTURES / "trm_puzzle_dataset.npz")
+    files = {k[len("file.") :]: v for k, v in arrays.items() if k.startswith("file.")}
+    return write_dataset_files(tmp_path, files, meta["files"]), meta, arrays
+
+
+def _upstream_batches(arrays: dict, prefix: str) -> list[dict]:
+    n = int(arrays[f"{prefix}.batches"])
+    keys = ("inputs", "labels", "puzzle_identifiers")
+    return [{k: arrays[f"{prefix}.{i}.{k}"] for k in keys} for i in range(n)]
+
+
+def test_puzzle_test_batches_match_upstream(tmp_path):
+    """data.puzzle_source.PuzzleTestDataset on the data set our builder wrote (files in the
+    fixture): the test batches upstream's PuzzleDataset yielded, EXACT, for one process and for
+    each of two (local rows, padding with pad_id / -100 / the blank id)."""
+    from data.puzzle_source import PuzzleTestDataset
+
+    root, meta, arrays = _dataset_dir(tmp_path)
+    for prefix, index, count in (("test", 0, 1), ("test_rank0of2", 0, 2), ("test_rank1of2", 1, 2)):
+        ds = PuzzleTestDataset(
+            str(root),
+            global_batch_size=meta["global_batch_size"],
+            process_index=index,
+            process_count=count,
+        )
+        expected = _upstream_batches(arrays, prefix)
+        assert len(ds) == len(expected), prefix
+        for i, exp in enumerate(expected):
+            got = ds[i]
+            for k, v in exp.items():
+                assert got[k].dtype == v.dtype, (prefix, i, k)
+                assert_close(f"{prefix} batch {i} {k}", got[k], v, EXACT)
+            # upstream's effective size = real rows of the global batch; ours marks them in mask
+            eff = int(arrays[f"{prefix}.{i}.effective"])
+            assert int(got["mask"].sum()) == max(0, min(eff - index * len(got["mask"]), len(got["mask"])))
+
+
+def test_puzzle_train_batches_follow_upstreams_sampling(tmp_path):
+    """Train batches: upstream draws its example order from the unseeded global numpy RNG, so the
+    port's seeded plan cannot give the same rows (on purpose, data/puzzle_source.py). What must
+    agree, and does: the number of batches per iteration, shapes and dtypes, every row is a stored
+    example with its own puzzle's identifier and upstream's label mapping (0 -> -100), and each
+    group is drawn epochs_per_iter times per iteration."""
+    from data.puzzle_format import load_split
+    from data.puzzle_source import PuzzleTrainDataset
+
+    root, meta, arrays = _dataset_dir(tmp_path)
+    expected = _upstream_batches(arrays, "train")
+    ds = PuzzleTrainDataset(
+        str(root),
+        global_batch_size=meta["global_batch_size"],
+        seed=0,
+        epochs_per_iter=meta["epochs_per_iter"],
+        num_iterations=1,
+        process_index=0,
+        process_count=1,
+    )
+    ours = list(ds)
+    assert len(ours) == len(expected)
+    a = load_split(str(root), "train").all  # int32, labels mapped 0 -> -100 like upstream
+    store_in, store_lab = np.asarray(a.inputs), np.asarray(a.labels)
+    puzzle_of_example = np.searchsorted(a.puzzle_indices, np.arange(len(store_in)), "right") - 1
+    group_of_example = np.searchsorted(a.group_indices, puzzle_of_example, "right") - 1
+
+    def groups_drawn(batches):
+        drawn = []
+        for b in batches:
+            for x, y in zip(b["inputs"], b["labels"], strict=True):
+                hit = np.flatnonzero((store_in == x).all(1) & (store_lab == y).all(1))
+                assert hit.size, "a batch row is not a stored example"
+                drawn.append(int(group_of_example[hit[0]]))
+        return sorted(drawn)
+
+    for theirs, mine in zip(expected, ours, strict=True):
+        for k, v in theirs.items():
+            assert mine[k].shape == v.shape and mine[k].dtype == v.dtype, k
+    n_groups = len(np.asarray(a.group_indices)) - 1
+    assert groups_drawn(expected) == groups_drawn(ours) == sorted(
+        list(range(n_groups)) * meta["epochs_per_iter"]
+    )

@@ -38,13 +38,14 @@ from pathlib import Path
 
 import numpy as np
 
+from parity.goldens import trm_data
 from parity.goldens.common import git_commit, save_npz, upstream_on_path, write_manifest
 
 SEED = 0
 ENVELOPE_SEEDS = (1, 2)
-TRAIN_STEPS = 6
+TRAIN_STEPS = 5
 BASE = dict(
-    batch_size=4,
+    batch_size=3,
     seq_len=16,
     puzzle_emb_ndim=16,
     num_puzzle_identifiers=5,
@@ -71,7 +72,7 @@ VARIANTS = {
 }
 # float32 gradients are kept for two variants only (fixture size); float64 for all four
 FLOAT32_GRAD_VARIANTS = ("mlp_t", "att")
-Q_BIAS = 0.0
+Q_BIAS = (0.3, -0.3)  # q_halt, q_continue: rows halt at different steps (att, mlp_t, hrm)
 LOSS = "stablemax_cross_entropy"
 # Top-level names upstream's files import that this repository also defines (our `models`
 # package): hidden from sys.modules while upstream is imported, put back afterwards.
@@ -114,6 +115,11 @@ def _stand_ins() -> dict[str, types.ModuleType]:
 @contextlib.contextmanager
 def upstream(src: Path):
     """upstream_on_path, with our own same-named top-level packages hidden meanwhile."""
+    import torch._dynamo  # noqa: F401
+    import torch.distributed  # noqa: F401
+
+    # torch.compile imports torch._dynamo on first use, which walks sys.modules with inspect; an
+    # upstream namespace package (`models`, no __file__) there makes that import fail: import first
     hidden = {
         k: sys.modules.pop(k)
         for k in list(sys.modules)
@@ -171,7 +177,7 @@ def initial_state_dict(imp, variant: str) -> dict:
     with torch.no_grad():
         inner.puzzle_emb.weights.copy_(torch.randn(inner.puzzle_emb.weights.shape, generator=g))
         inner.q_head.weight.copy_(0.1 * torch.randn(inner.q_head.weight.shape, generator=g))
-        inner.q_head.bias.fill_(Q_BIAS)
+        inner.q_head.bias.copy_(torch.tensor(Q_BIAS))
     compiled = torch.compile(head)  # lazy: nothing is compiled until it is called
     return {k: v.detach().clone() for k, v in compiled.state_dict().items()}
 
@@ -374,7 +380,7 @@ def generate(src: Path, out: Path) -> dict:
         "envelope_seeds": list(ENVELOPE_SEEDS),
         "train_steps": TRAIN_STEPS,
         "loss": LOSS,
-        "q_bias": Q_BIAS,
+        "q_bias": list(Q_BIAS),
         "stand_ins": STAND_IN_REASONS,
         "float64": "forward_dtype=float64 and loss_head.double(); puzzle_emb.local_weights "
         "re-made a float64 leaf. Upstream still computes rms_norm and RoPE in float32 and casts "
@@ -387,6 +393,9 @@ def generate(src: Path, out: Path) -> dict:
         with upstream(src) as imp:
             for variant in VARIANTS:
                 section["variants"][variant] = generate_variant(imp, variant, out)
+            section["data_files"] = trm_data.generate_arc_eval(
+                imp, out
+            ) + trm_data.generate_puzzle_dataset(imp, out)
     finally:
         torch.set_num_threads(threads)
     write_manifest(out, {"trm": section})
