@@ -373,7 +373,9 @@ def test_regenerating_reproduces_the_committed_fixtures(tmp_path):
     committed = _manifest()
     assert section["commit"] == committed["commit"], "check out the manifest's upstream commit"
     if not _same_kernels():
-        pytest.skip("another torch version or ATen kernel set: the floats would differ by round-off")
+        pytest.skip(
+            "another torch version or ATen kernel set: the floats would differ by round-off"
+        )
     files = sorted(p.name for p in FIXTURES.glob("trm_*.npz"))
     assert files == sorted(p.name for p in tmp_path.glob("trm_*.npz"))
     for name in files:
@@ -457,7 +459,9 @@ def test_puzzle_test_batches_match_upstream(tmp_path):
                 assert_close(f"{prefix} batch {i} {k}", got[k], v, EXACT)
             # upstream's effective size = real rows of the global batch; ours marks them in mask
             eff = int(arrays[f"{prefix}.{i}.effective"])
-            assert int(got["mask"].sum()) == max(0, min(eff - index * len(got["mask"]), len(got["mask"])))
+            assert int(got["mask"].sum()) == max(
+                0, min(eff - index * len(got["mask"]), len(got["mask"]))
+            )
 
 
 def test_puzzle_train_batches_follow_upstreams_sampling(tmp_path):
@@ -500,6 +504,25 @@ def test_puzzle_train_batches_follow_upstreams_sampling(tmp_path):
         for k, v in theirs.items():
             assert mine[k].shape == v.shape and mine[k].dtype == v.dtype, k
     n_groups = len(np.asarray(a.group_indices)) - 1
-    assert groups_drawn(expected) == groups_drawn(ours) == sorted(
-        list(range(n_groups)) * meta["epochs_per_iter"]
+    assert (
+        groups_drawn(expected)
+        == groups_drawn(ours)
+        == sorted(list(range(n_groups)) * meta["epochs_per_iter"])
     )
+
+
+def test_golden_bound_catches_a_wrong_port(x64):
+    """The bound is narrow enough to matter: the port with one weight element moved by 1e-3
+    (L_level.layers.1.mlp.down_proj.weight[0, 0]; those weights have std 1/16) leaves the envelope at
+    step 1 of the att float64 eval rollout."""
+    from parity.envelope import check_within_envelope
+
+    arrays = golden("att", "float64")
+    steps = golden_steps(arrays, "eval")[:1]
+    model = load_port("att", "float64")
+    w = model.inner.L_level.layers[1].mlp.down_proj.weight
+    w[...] = w[...].at[0, 0].add(1e-3)
+    port = port_rollout(model, steps, train=False)
+    rows = check_within_envelope(port, [s[:2] for s in steps], envelope_of(arrays, "eval"))
+    failed = [c.name for c in rows[0] if not c.passed]
+    assert "step 1 z_H" in failed and "step 1 logits" in failed, failed

@@ -65,9 +65,15 @@ BASE = dict(
     causal=False,  # pretrain.create_model passes it; the model configs ignore it
 )
 VARIANTS = {
-    "mlp_t": ("models.recursive_reasoning.trm@TinyRecursiveReasoningModel_ACTV1", dict(mlp_t=True, pos_encodings="none")),
+    "mlp_t": (
+        "models.recursive_reasoning.trm@TinyRecursiveReasoningModel_ACTV1",
+        dict(mlp_t=True, pos_encodings="none"),
+    ),
     "att": ("models.recursive_reasoning.trm@TinyRecursiveReasoningModel_ACTV1", {}),
-    "learned": ("models.recursive_reasoning.trm@TinyRecursiveReasoningModel_ACTV1", dict(pos_encodings="learned")),
+    "learned": (
+        "models.recursive_reasoning.trm@TinyRecursiveReasoningModel_ACTV1",
+        dict(pos_encodings="learned"),
+    ),
     "hrm": ("models.recursive_reasoning.hrm@HierarchicalReasoningModel_ACTV1", dict(H_layers=2)),
 }
 # float32 gradients are kept for two variants only (fixture size); float64 for all four
@@ -120,16 +126,14 @@ def upstream(src: Path):
 
     # torch.compile imports torch._dynamo on first use, which walks sys.modules with inspect; an
     # upstream namespace package (`models`, no __file__) there makes that import fail: import first
-    hidden = {
-        k: sys.modules.pop(k)
-        for k in list(sys.modules)
-        if k.split(".")[0] in SHADOWED
-    }
+    hidden = {k: sys.modules.pop(k) for k in list(sys.modules) if k.split(".")[0] in SHADOWED}
     # upstream's models/ has no __init__.py: a namespace package, which loses to any regular
     # `models` package anywhere on sys.path (ours): hide the path entries that hold one
     saved_path = list(sys.path)
     sys.path[:] = [
-        p for p in sys.path if not any((Path(p or ".") / n / "__init__.py").exists() for n in SHADOWED)
+        p
+        for p in sys.path
+        if not any((Path(p or ".") / n / "__init__.py").exists() for n in SHADOWED)
     ]
     importlib.invalidate_caches()
     try:
@@ -158,7 +162,9 @@ def make_batch(config: dict, seed: int) -> dict[str, np.ndarray]:
     return {
         "inputs": rng.integers(0, config["vocab_size"], (b, s)).astype(np.int32),
         "labels": labels,
-        "puzzle_identifiers": rng.integers(0, config["num_puzzle_identifiers"], (b,)).astype(np.int32),
+        "puzzle_identifiers": rng.integers(0, config["num_puzzle_identifiers"], (b,)).astype(
+            np.int32
+        ),
     }
 
 
@@ -194,7 +200,9 @@ def build_head(imp, variant: str, dtype: str, state_dict: dict):
     if dtype == "float64":
         head.double()
         pe = model.inner.puzzle_emb
-        pe.local_weights = torch.zeros(pe.local_weights.shape, dtype=torch.float64, requires_grad=True)
+        pe.local_weights = torch.zeros(
+            pe.local_weights.shape, dtype=torch.float64, requires_grad=True
+        )
     return head
 
 
@@ -266,7 +274,12 @@ def rollout(head, config: dict, *, train: bool) -> list[tuple[dict, dict]]:
             carry, loss, metrics, outputs, _ = head(carry=carry, batch=_t(batch), return_keys=keys)
         exact = {"steps": carry.steps, "halted": carry.halted}
         exact.update({f"current_data.{k}": v for k, v in carry.current_data.items()})
-        floats = {"z_H": carry.inner_carry.z_H, "z_L": carry.inner_carry.z_L, **outputs, "loss": loss}
+        floats = {
+            "z_H": carry.inner_carry.z_H,
+            "z_L": carry.inner_carry.z_L,
+            **outputs,
+            "loss": loss,
+        }
         floats.update({f"metrics.{k}": v for k, v in metrics.items()})
         exact.update({f"batch.{k}": v for k, v in batch.items()})
         if train:

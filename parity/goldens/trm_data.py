@@ -128,9 +128,7 @@ def generate_arc_eval(imp, out: Path) -> list[str]:
                 {"preds": t["preds"], "q_halt_logits": t["q_halt_logits"]},
             )
         # result() gathers with torch.distributed even for one process: a one-process gloo group
-        dist.init_process_group(
-            "gloo", init_method=f"file://{tmp}/pg", rank=0, world_size=1
-        )
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=0, world_size=1)
         try:
             metrics = ev.result(tmp, rank=0, world_size=1)
         finally:
@@ -213,8 +211,13 @@ def generate_puzzle_dataset(imp, out: Path) -> list[str]:
         run("test", True, 0, 1, "test")
         run("test", True, 0, 2, "test_rank0of2")
         run("test", True, 1, 2, "test_rank1of2")
-        np.random.seed(0)  # upstream draws the example order from the global numpy RNG
-        run("train", False, 0, 1, "train")
+        # upstream draws the example order from the global numpy RNG: seed it, put it back after
+        state = np.random.get_state()  # noqa: NPY002
+        np.random.seed(0)  # noqa: NPY002
+        try:
+            run("train", False, 0, 1, "train")
+        finally:
+            np.random.set_state(state)  # noqa: NPY002
     arrays = {f"file.{k}": v for k, v in files.items()}
     arrays.update(got)
     save_npz(out, "trm_puzzle_dataset", arrays)
