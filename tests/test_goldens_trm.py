@@ -526,3 +526,18 @@ def test_golden_bound_catches_a_wrong_port(x64):
     rows = check_within_envelope(port, [s[:2] for s in steps], envelope_of(arrays, "eval"))
     failed = [c.name for c in rows[0] if not c.passed]
     assert "step 1 z_H" in failed and "step 1 logits" in failed, failed
+
+
+def test_upstream_bugs_we_fix_are_real():
+    """The three upstream failures docs/porting_trm.md lists ("Upstream bugs, fixed") as upstream's
+    own code raised them at generation (manifest `upstream_bugs`). Our reference and the port run
+    these paths: test_trm_loss.py::test_loss_head_matches_torch (softmax),
+    test_trm_rollout.py::test_rollout_trm_no_act_continue_train_float64,
+    test_trm_forward_parity.py::test_no_puzzle_embedding_float64."""
+    bugs = _manifest()["upstream_bugs"]
+    assert (
+        bugs["softmax_cross_entropy"].startswith("TypeError:")
+        and "valid_mask" in bugs["softmax_cross_entropy"]
+    )
+    assert bugs["no_ACT_continue=False"].startswith("ValueError: not enough values to unpack")
+    assert bugs["puzzle_emb_ndim=0"].startswith("RuntimeError:")  # 18 (with prefix) vs 16 rows

@@ -376,6 +376,35 @@ def generate_variant(imp, variant: str, out: Path) -> dict:
     return {"config": {d: model_config(variant, d) for d in ("float32", "float64")}, "files": files}
 
 
+def upstream_bugs(imp) -> dict[str, str]:
+    """Run the three upstream paths that docs/porting_trm.md lists as bugs (fixed on our side) and
+    return what each raised ("ExceptionType: message"; "no error" if it ran)."""
+    import torch
+
+    losses = imp("models.losses")
+    cls = _cls(imp, VARIANTS["att"][0])
+    batch = _t(make_batch(BASE, SEED + 1))
+    cases = {
+        # the loss head passes valid_mask=, softmax_cross_entropy does not take it
+        "softmax_cross_entropy": (dict(), "softmax_cross_entropy", True),
+        # the second inner call returns 3 values, the ACT wrapper unpacks 5
+        "no_ACT_continue=False": (dict(no_ACT_continue=False), LOSS, True),
+        # no puzzle embedding, but the shapes still count puzzle_emb_len prefix rows
+        "puzzle_emb_ndim=0": (dict(puzzle_emb_ndim=0), LOSS, False),
+    }
+    out = {}
+    for name, (overrides, loss, train) in cases.items():
+        torch.manual_seed(SEED)
+        head = losses.ACTLossHead(cls({**BASE, "forward_dtype": "float32", **overrides}), loss)
+        head.train(train)
+        try:
+            head(carry=head.initial_carry(batch), batch=batch, return_keys=())
+            out[name] = "no error"
+        except Exception as e:  # noqa: BLE001 - recording what upstream raises is the point
+            out[name] = f"{type(e).__name__}: {e}"
+    return out
+
+
 def generate(src: Path, out: Path) -> dict:
     """Write every TRM fixture into `out` and its section of OUT/manifest.json; return it."""
     import torch
@@ -406,6 +435,7 @@ def generate(src: Path, out: Path) -> dict:
         with upstream(src) as imp:
             for variant in VARIANTS:
                 section["variants"][variant] = generate_variant(imp, variant, out)
+            section["upstream_bugs"] = upstream_bugs(imp)
             section["data_files"] = trm_data.generate_arc_eval(
                 imp, out
             ) + trm_data.generate_puzzle_dataset(imp, out)
