@@ -150,7 +150,12 @@ def _check_rollout(variant: str, dtype: str, mode: str):
     return np.stack([ex["halted"] for ex, _ in port])
 
 
-DEFAULT_ROLLOUTS = {("att", "float64", "train"), ("mlp_t", "float32", "eval")}
+DEFAULT_ROLLOUTS = {
+    ("att", "float64", "train"),
+    ("mlp_t", "float32", "eval"),
+    ("hrm", "float64", "train"),  # target_q_continue and q_continue_loss
+    ("learned", "float32", "eval"),  # the largest ratio to the envelope measured (1.75)
+}
 ROLLOUTS = [
     pytest.param(v, d, m, marks=() if (v, d, m) in DEFAULT_ROLLOUTS else pytest.mark.slow)
     for v in VARIANTS
