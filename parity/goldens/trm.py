@@ -12,7 +12,9 @@
   torch's global RNG (`explore_u` = rand_like, `explore_k` = randint_like); the gradient of every
   parameter and of the gathered puzzle-embedding rows for one train step; and the float32-ulp
   envelope of each (below);
-- OUT/trm_arc_eval.npz, OUT/trm_puzzle_dataset.npz: see generate_arc_eval / generate_puzzle_dataset.
+- OUT/trm_arc_eval.npz, OUT/trm_puzzle_dataset.npz: see parity/goldens/trm_data.py.
+- manifest `upstream_bugs`: what upstream raised on the three paths docs/porting_trm.md lists as
+  its bugs (upstream_bugs).
 
 The float32-ulp envelope: upstream re-run twice with every weight moved by one float32 ulp (a
 random direction per element): per step, the largest scale-relative move of any float tensor. It
