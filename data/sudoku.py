@@ -108,6 +108,25 @@ def _split_arrays(
     )
 
 
+def sudoku_split(questions: np.ndarray, answers: np.ndarray, group_sizes: np.ndarray):
+    """One split in the upstream layout: (metadata, {"all": arrays}) for `write_dataset`.
+    `group_sizes[i]` is how many rows (the puzzle and its augmentations) group i has."""
+    arrays = _split_arrays(questions, answers, group_sizes)
+    # Upstream writes total_puzzles = number of groups for Sudoku (not 1 + num_aug times it);
+    # kept so dataset.json matches upstream's and step counts derived from it agree.
+    meta = make_metadata(
+        arrays,
+        vocab_size=VOCAB_SIZE,
+        pad_id=0,
+        ignore_label_id=0,
+        blank_identifier_id=0,
+        num_puzzle_identifiers=1,
+        total_puzzles=arrays.num_groups,
+        mean_puzzle_examples=1.0,
+    )
+    return meta, {"all": arrays}
+
+
 def _select(
     records: SudokuRecords,
     min_difficulty: float | None,
@@ -168,20 +187,8 @@ def build_sudoku(
             qs.append(q)
             ans.append(a)
         questions, answers = np.concatenate(qs), np.concatenate(ans)
-        arrays = _split_arrays(questions, answers, np.full(len(records), 1 + aug))
-        # Upstream writes total_puzzles = number of groups for Sudoku (not 1 + num_aug times it);
-        # kept so dataset.json matches upstream's and step counts derived from it agree.
-        meta = make_metadata(
-            arrays,
-            vocab_size=VOCAB_SIZE,
-            pad_id=0,
-            ignore_label_id=0,
-            blank_identifier_id=0,
-            num_puzzle_identifiers=1,
-            total_puzzles=arrays.num_groups,
-            mean_puzzle_examples=1.0,
-        )
-        splits[name] = (meta, {"all": arrays})
+        splits[name] = sudoku_split(questions, answers, np.full(len(records), 1 + aug))
+        arrays = splits[name][1]["all"]
         summary[name] = {
             "groups": arrays.num_groups,
             "examples": arrays.num_examples,

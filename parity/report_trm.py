@@ -527,24 +527,31 @@ def torch_rollout(head, config, *, steps: int = 16, train: bool = True, seed: in
     return out
 
 
+def jitted_act_step():
+    """One ACT step of the port and its loss head, freshly jitted:
+    (model, carry, batch, exploration) -> (carry, outputs, loss, metrics). Fresh on purpose: a
+    cached one would keep a trace of a method the envelope tests monkeypatch."""
+    from flax import nnx
+
+    from models.trm import act_loss
+
+    @nnx.jit
+    def act_step(model, carry, batch, exploration):
+        carry, out = model(carry, batch, exploration=exploration)
+        loss, metrics = act_loss(carry, out)
+        return carry, out, loss, metrics
+
+    return act_step
+
+
 def jax_rollout(
     model, config, *, steps: int = 16, train: bool = True, seed: int = 0, carry_fn=None
 ):
     """The same rollout through the port, one jitted step per ACT step, in the torch side's
     layout. `carry_fn(step, carry) -> carry`, if given, edits the carry between steps (the
     envelope tests inject a wrong carry with it)."""
-    from flax import nnx
-
-    from models.trm import act_loss
-
     model.train() if train else model.eval()
-
-    @nnx.jit
-    def jstep(model, carry, batch, expl):
-        carry, out = model(carry, batch, exploration=expl)
-        loss, metrics = act_loss(carry, out)
-        return carry, out, loss, metrics
-
+    jstep = jitted_act_step()
     carry = model.initial_carry(to_jax(make_batch(config, seed)))
     out = []
     for step, (batch, expl) in enumerate(_rollout_batches(config, steps, seed)):

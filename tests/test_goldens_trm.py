@@ -33,7 +33,7 @@ torch = pytest.importorskip("torch")
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from models.trm import TRMConfig, act_loss, from_torch, to_torch  # noqa: E402
+from models.trm import TRMConfig, from_torch, to_torch  # noqa: E402
 from parity.compare import EXACT, FLOAT64, assert_close, compare  # noqa: E402
 from parity.envelope import Envelope, assert_within_envelope  # noqa: E402
 from parity.goldens.common import load_npz  # noqa: E402
@@ -121,14 +121,10 @@ def load_port(variant: str, dtype: str):
 
 def port_rollout(model, steps, *, train: bool) -> list[tuple[dict, dict]]:
     """The port through the fixture's steps, one jitted ACT step + loss head per step."""
+    from parity.report_trm import jitted_act_step
+
     model.train() if train else model.eval()
-
-    @nnx.jit
-    def jstep(model, carry, batch, expl):
-        carry, out = model(carry, batch, exploration=expl)
-        loss, metrics = act_loss(carry, out)
-        return carry, out, loss, metrics
-
+    jstep = jitted_act_step()
     carry = model.initial_carry(_batch(steps[0][2], jnp.asarray))
     out = []
     for _, _, inputs in steps:

@@ -251,26 +251,16 @@ def _test_metadata(data: str):
 
 def sudoku_csv_dataset(csv_path: str, out_dir: str) -> str:
     """A Sudoku-Extreme CSV as the test split of an upstream-layout data set in `out_dir`."""
-    from data.puzzle_format import make_metadata, write_dataset
-    from data.sudoku import _split_arrays, check_sudoku_pairs
-    from data.sudoku_sources import VOCAB_SIZE, read_sudoku_csv
+    from data.puzzle_format import write_dataset
+    from data.sudoku import check_sudoku_pairs, sudoku_split
+    from data.sudoku_sources import read_sudoku_csv
 
     records = read_sudoku_csv(csv_path)
     if not len(records):
         raise EvalError(f"{csv_path}: no puzzles (expected rows source,question,answer,rating)")
     check_sudoku_pairs(records.questions, records.answers, f"{csv_path} ")
-    arrays = _split_arrays(records.questions, records.answers, np.ones(len(records), np.int64))
-    meta = make_metadata(
-        arrays,
-        vocab_size=VOCAB_SIZE,
-        pad_id=0,
-        ignore_label_id=0,
-        blank_identifier_id=0,
-        num_puzzle_identifiers=1,
-        total_puzzles=arrays.num_groups,
-        mean_puzzle_examples=1.0,
-    )
-    write_dataset(out_dir, {"test": (meta, {"all": arrays})}, ["<blank>"], overwrite=True)
+    split = sudoku_split(records.questions, records.answers, np.ones(len(records), np.int64))
+    write_dataset(out_dir, {"test": split}, ["<blank>"], overwrite=True)
     return out_dir
 
 
