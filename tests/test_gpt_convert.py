@@ -242,3 +242,18 @@ def test_rngs_seeds_the_dropout_streams():
     assert masks[0].any(axis=1).all() and not masks[0].all(axis=1).any()  # real masks
     assert (masks[0] == masks[1]).all() and (masks[0] != masks[2]).any()
     assert (masks[0][0] != masks[0][1]).any()  # each site its own stream
+
+
+def test_conversions_with_one_config_share_no_variable():
+    """The abstract module is cached per config; each conversion merges fresh Variables from it
+    (nnx.merge(copy=True): without the copy both models would hold one set of Variables, and the
+    second conversion would overwrite the first model's weights)."""
+    sd_a = _torch_model().state_dict()
+    sd_b = {k: v + 1.0 for k, v in sd_a.items()}
+    cfg = GPTConfig(**TINY)
+    a = from_torch(sd_a, cfg)
+    b = from_torch(sd_b, cfg)
+    assert a.wte.embedding is not b.wte.embedding
+    back_a, back_b = to_torch(a), to_torch(b)
+    assert_all_close([(k, back_a[k], v) for k, v in sd_a.items()], EXACT)
+    assert_all_close([(k, back_b[k], v) for k, v in sd_b.items()], EXACT)
