@@ -199,3 +199,61 @@ def test_importing_models_gpt_does_not_import_torch():
         check=True,
         cwd=str(__import__("pathlib").Path(__file__).parents[1]),
     )
+
+
+def test_conversion_compiles_nothing_for_new_shapes():
+    """from_torch builds the module abstractly (nnx.eval_shape) and fills it from the state_dict.
+    Building it eagerly drew every initial weight op by op, compiling each op for every new
+    parameter shape (15 XLA compilations, ~4 s on 2 CPU cores, for a 1-layer model): a second
+    conversion with shapes this process has never seen must compile nothing."""
+    import jax
+
+    compiles = []
+
+    def listener(event, secs, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(secs)
+
+    from_torch(_torch_model().state_dict(), GPTConfig(**TINY))  # warm: the dropout-stream forks
+    odd = dict(TINY, block_size=20, vocab_size=71, n_layer=1, n_head=5, n_embd=40)  # new shapes
+    sd = gpt_torch.GPT(gpt_torch.GPTConfig(**odd)).state_dict()
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        jmodel = from_torch(sd, GPTConfig(**odd))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert compiles == [], f"from_torch compiled {len(compiles)} XLA programs"
+    back = to_torch(jmodel)
+    assert_all_close([(k, back[k], v) for k, v in sd.items()], EXACT)  # every value from torch
+
+
+def test_rngs_seeds_the_dropout_streams():
+    """The dropout streams are forks of `rngs` (no weight is random): the same rngs draw the same
+    masks at every site, another seed other masks."""
+    from flax import nnx
+
+    sd = _torch_model(dropout=0.2).state_dict()
+    cfg = GPTConfig(**{**TINY, "dropout": 0.2})
+    masks = []
+    for seed in (1, 1, 2):
+        jmodel = from_torch(sd, cfg, rngs=nnx.Rngs(dropout=seed))
+        sites = [jmodel.drop] + [b.mlp.dropout for b in jmodel.h]
+        masks.append(np.stack([s(jnp.ones(256), deterministic=False) == 0 for s in sites]))
+    assert masks[0].any(axis=1).all() and not masks[0].all(axis=1).any()  # real masks
+    assert (masks[0] == masks[1]).all() and (masks[0] != masks[2]).any()
+    assert (masks[0][0] != masks[0][1]).any()  # each site its own stream
+
+
+def test_conversions_with_one_config_share_no_variable():
+    """The abstract module is cached per config; each conversion merges fresh Variables from it
+    (nnx.merge(copy=True): without the copy both models would hold one set of Variables, and the
+    second conversion would overwrite the first model's weights)."""
+    sd_a = _torch_model().state_dict()
+    sd_b = {k: v + 1.0 for k, v in sd_a.items()}
+    cfg = GPTConfig(**TINY)
+    a = from_torch(sd_a, cfg)
+    b = from_torch(sd_b, cfg)
+    assert a.wte.embedding is not b.wte.embedding
+    back_a, back_b = to_torch(a), to_torch(b)
+    assert_all_close([(k, back_a[k], v) for k, v in sd_a.items()], EXACT)
+    assert_all_close([(k, back_b[k], v) for k, v in sd_b.items()], EXACT)

@@ -19,9 +19,11 @@ test_safetensors_gpt2_file_loads_with_tanh_gelu shows the wrong one misses FLOAT
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 
+import jax
 import numpy as np
 from flax import nnx
 
@@ -102,6 +104,10 @@ def from_torch(state_dict: Mapping, config: GPTConfig, *, layout: str = "auto", 
     `_orig_mod.`, and HF GPT-2 keys (Conv1D layout, with or without `transformer.`; lm_head
     optional since tied). `layout` 'auto' detects HF by the shape of h.0's c_attn weight.
     Raises StateDictError listing every missing, unexpected or wrongly-shaped key.
+
+    No weight is drawn at random: the module is built abstractly (nnx.eval_shape) and every
+    parameter comes from the state_dict. `rngs` (default nnx.Rngs(0)) only seeds the dropout
+    streams, one fork per Dropout in module order.
     """
     sd, layout = _normalise(state_dict, config, layout)
     key_map = _key_map(config)
@@ -117,12 +123,38 @@ def from_torch(state_dict: Mapping, config: GPTConfig, *, layout: str = "auto", 
                 f"{source}: lm_head.weight {lm_head.shape} is not tied to transformer.wte.weight "
                 f"{wte.shape}; this port ties them (one array), as nanoGPT does"
             )
-    model = GPT(config, rngs=rngs if rngs is not None else nnx.Rngs(0))
+    model = nnx.merge(*_abstract_gpt(config), copy=True)  # fresh Variables, values filled below
     dtype = config.param_dtype
     for key, (path, _, transpose) in key_map.items():
         value = to_numpy(sd[key]).astype(dtype)
         _variable(model, path).set_value(np.ascontiguousarray(value.T if transpose else value))
+    _fork_dropout_streams(model, rngs if rngs is not None else nnx.Rngs(0))
+    abstract = [
+        jax.tree_util.keystr(p)
+        for p, v in jax.tree_util.tree_leaves_with_path(nnx.state(model))
+        if isinstance(v, jax.ShapeDtypeStruct)
+    ]
+    if abstract:  # a variable the key map does not cover (a modeling change): never guess it
+        raise RuntimeError(f"from_torch left variables without a value: {', '.join(abstract)}")
     return model
+
+
+@functools.lru_cache(maxsize=16)
+def _abstract_gpt(config: GPTConfig):
+    """GPT's structure without values (graphdef, state of ShapeDtypeStructs), cached per config.
+
+    GPT(config, rngs) run eagerly draws every initial weight op by op: seconds per new set of
+    shapes (each op compiles for it), all of it then overwritten. eval_shape only traces.
+    """
+    return nnx.split(nnx.eval_shape(lambda: GPT(config, rngs=nnx.Rngs(0))))
+
+
+def _fork_dropout_streams(model: GPT, rngs: nnx.Rngs) -> None:
+    """Give each Dropout its own stream, forked from `rngs` in module order (eval_shape left them
+    abstract). nnx.Dropout forks its collection's stream, or `default` when there is none."""
+    for _, node in nnx.iter_graph(model):
+        if isinstance(node, nnx.Dropout) and node.rngs is not None:
+            node.rngs = rngs[node.rng_collection].fork()
 
 
 def to_torch(model: GPT) -> dict:
