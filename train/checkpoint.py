@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
+import warnings
 
 import grain
 import jax
@@ -91,6 +93,8 @@ class Checkpointer:
         `check_meta(meta, step)` may raise ConfigError (a changed setting): that is not damage,
         it propagates. ConfigError when steps exist but none restores."""
         steps = sorted(self.manager.all_steps(), reverse=True)
+        if steps:
+            _drop_abandoned_reads()  # before the first read: a failing one reports at once
         damaged = []
         for step in steps:
             try:
@@ -106,9 +110,9 @@ class Checkpointer:
                     step, self.directory, _one_line(e),
                 )  # fmt: skip
                 damaged.append(step)
-                continue
-            self._move_aside(damaged)
-            return step, state, meta
+            else:
+                self._move_aside(damaged)
+                return step, state, meta
         if damaged:
             raise ConfigError(
                 f"no checkpoint in {self.directory} restores (damaged steps: "
@@ -180,7 +184,58 @@ class Checkpointer:
         self.manager.close()
 
 
+def _drop_abandoned_reads() -> None:
+    """Keeps a failed restore to its one warning line.
+
+    A restore that fails on one array leaves Orbax's reads of the other arrays pending: Orbax runs
+    them on a private event loop and closes it without cancelling them (it avoids asyncio.run's
+    teardown). TensorStore still completes each read later, into the closed loop ("Event loop is
+    closed", from TensorStore's threads); when the garbage collector finalizes the pending reads
+    each re-raises with its TensorStore spec, asyncio logs each future's "exception was never
+    retrieved", and reads that never started warn "was never awaited": thousands of lines in a
+    process that goes on (a notebook, a test session). Installed before a resume's first read
+    (the closed-loop reports arrive as soon as a read fails), this drops exactly those reports for
+    the rest of the process (wrapping the unraisable hook installed then, once); any other
+    unraisable error, warning or asyncio log record passes through. Test:
+    tests/test_train_damaged_checkpoint.py::test_no_checkpoint_restores_prints_nothing_after_its_error."""
+    logging.getLogger("asyncio").addFilter(_not_an_abandoned_read)  # (added once)
+    # reads that never started: "coroutine ... was never awaited" at interpreter exit
+    warnings.filterwarnings("ignore", "coroutine '_read_array", RuntimeWarning)
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_abandoned_reads", False):
+        return
+
+    def hook(unraisable):
+        code = getattr(unraisable.object, "cr_code", None)
+        orbax_read = code is not None and "orbax" in code.co_filename
+        closed_loop = unraisable.object is None and "Event loop is closed" in str(
+            unraisable.exc_value
+        )
+        if not (orbax_read or closed_loop):
+            previous(unraisable)
+
+    hook.drops_abandoned_reads = True
+    sys.unraisablehook = hook
+
+
+def _not_an_abandoned_read(record: logging.LogRecord) -> bool:
+    if "exception was never retrieved" not in record.getMessage() or not record.exc_info:
+        return True
+    tb = record.exc_info[2]
+    while tb is not None:
+        if "orbax" in tb.tb_frame.f_code.co_filename:
+            return False
+        tb = tb.tb_next
+    return "TensorStore" not in str(record.exc_info[1]) and "OCDBT" not in str(record.exc_info[1])
+
+
 def _one_line(e: BaseException) -> str:
-    """`Type: first line of the message`, for one-line warnings and errors."""
+    """`Type: first line of the message`, for one-line warnings and errors. Orbax's read errors
+    end in a multi-line TensorStore spec; the cause (which file, what is wrong with it) is kept."""
     text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
+    if not text:
+        return type(e).__name__
+    line = text[0].split(" See full TensorStore details")[0][:300]
+    if e.__cause__ is not None and "See full TensorStore details" in text[0]:
+        line += f" <- {_one_line(e.__cause__)}"
+    return f"{type(e).__name__}: {line}"
