@@ -30,7 +30,7 @@ from models.gpt import (
     from_torch,
     generate,
     get_lr,
-    to_torch,
+    to_numpy_state_dict,
     top_k_filter,
     train_step,
 )
@@ -83,7 +83,7 @@ def _as_torch_keys(model, tree) -> dict:
     """A tree shaped like the model's params (gradients, ...) under nanoGPT's keys and layouts."""
     holder = nnx.clone(model)
     nnx.update(holder, tree)
-    return to_torch(holder)
+    return to_numpy_state_dict(holder)
 
 
 @functools.cache
@@ -132,7 +132,7 @@ def test_orig_mod_checkpoint_keys_are_stripped(x64):
     f, model = _forward_model("no_bias", "float64")
     saved = _sub(f, "state/")
     assert saved and all(k.startswith(COMPILE_PREFIX) for k in saved)
-    back = to_torch(model)
+    back = to_numpy_state_dict(model)
     assert list(back) == [k.removeprefix(COMPILE_PREFIX) for k in saved]  # names and order
     assert_all_close(
         [(k, back[k.removeprefix(COMPILE_PREFIX)], v) for k, v in saved.items()], EXACT
@@ -160,7 +160,7 @@ def test_optimizer_groups_match_configure_optimizers(x64, name):
         zeros = jax.tree.map(jnp.zeros_like, params)
         return optax.apply_updates(params, tx.update(zeros, tx.init(params), params)[0])
 
-    before = to_torch(model)
+    before = to_numpy_state_dict(model)
     after = _as_torch_keys(model, one_update(nnx.state(model, nnx.Param)))
     assert decay_names | no_decay_names == set(after) - {"lm_head.weight"}
     assert not decay_names & no_decay_names
@@ -227,7 +227,7 @@ def test_three_train_py_steps_match_upstream(dtype_env):
         state, metrics = step(state, {"x": f["x"][k], "y": f["y"][k]})
         assert get_lr(k, **lr_kw) == f["lr"][k]  # the lr upstream set for this iteration
         model, _ = nnx.merge(graphdef, state)
-        after, expected = to_torch(model), _sub(f, f"step{k + 1}/")
+        after, expected = to_numpy_state_dict(model), _sub(f, f"step{k + 1}/")
         assert_all_close(
             [
                 (f"step {k + 1} loss", metrics["loss"], f["loss"][k].mean()),

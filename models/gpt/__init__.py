@@ -22,7 +22,7 @@ from models.gpt.modeling import (
     preset,
     top_k_filter,
 )
-from models.gpt.params import from_torch, from_torch_file, to_torch
+from models.gpt.params import from_torch, from_torch_file, to_numpy_state_dict, to_torch
 from models.gpt.train_step import (
     clip_by_global_norm,
     configure_optimizers,
@@ -52,6 +52,7 @@ __all__ = [
     "get_num_params",
     "loss_and_grads",
     "preset",
+    "to_numpy_state_dict",
     "to_torch",
     "top_k_filter",
     "train_step",

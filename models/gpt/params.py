@@ -157,14 +157,22 @@ def _fork_dropout_streams(model: GPT, rngs: nnx.Rngs) -> None:
             node.rngs = rngs[node.rng_collection].fork()
 
 
+def to_numpy_state_dict(model: GPT) -> dict[str, np.ndarray]:
+    """-> nanoGPT's state_dict keys and layouts as numpy arrays (no torch needed; lm_head.weight
+    is the wte array itself)."""
+    out = {}
+    for key, (path, _, transpose) in _key_map(model.config).items():
+        value = np.asarray(_variable(model, path).get_value())
+        out[key] = np.array(value.T if transpose else value, order="C")
+    out["lm_head.weight"] = out["transformer.wte.weight"]  # tied: the same array
+    return out
+
+
 def to_torch(model: GPT) -> dict:
     """-> nanoGPT state_dict (torch tensors, flash-attention layout, lm_head tied to wte)."""
     import torch  # lazy: models/ never imports torch at module level
 
-    out = {}
-    for key, (path, _, transpose) in _key_map(model.config).items():
-        value = np.asarray(_variable(model, path).get_value())
-        out[key] = torch.from_numpy(np.array(value.T if transpose else value, order="C"))
+    out = {k: torch.from_numpy(v) for k, v in to_numpy_state_dict(model).items()}
     out["lm_head.weight"] = out["transformer.wte.weight"]  # tied: the same tensor
     return out
 
