@@ -145,4 +145,7 @@ if __name__ == "__main__":
     # basicConfig a no-op and leave it at WARNING
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", force=True)
     logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every file it writes
+    # JAX >= 0.12 logs each backend it could not start ('tpu' without libtpu, 'proxy') at INFO;
+    # its warnings and errors still show
+    logging.getLogger("jax").setLevel(logging.WARNING)
     main()
