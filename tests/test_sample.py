@@ -4,6 +4,9 @@ char and BPE encodings, FILE: prompts, and the one-line errors for bad input."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -17,6 +20,7 @@ from parity.compare import EXACT, assert_close  # noqa: E402
 from train import sample as sample_cli  # noqa: E402
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARCH = dict(block_size=16, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True)
 
 
@@ -214,3 +218,16 @@ def test_run_directory_samples_as_its_exported_ckpt(tmp_path):
     build_char(other, input_path=other / "input.txt")
     _one_line_error([run_dir, "--meta", other], "does not restore", "'vocab_size': 30", "(47, 32)")
     _one_line_error([run_dir, "--step", "99"], "--step 99", "holds steps [")
+
+
+def test_command_line_prints_no_tpu_probe_lines(char_ckpt):
+    """The command as a user runs it, JAX_PLATFORMS unset, libtpu installed (make test installs
+    it) and no TPU: the samples and nothing of libtpu's probe (train.distributed.quiet_tpu_probe,
+    which every entry point calls; docs/training.md trap 22)."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    cmd = [sys.executable, "-m", "train.sample", str(char_ckpt[0]), "--start", "All:"]
+    cmd += ["--num-samples", "1", "--max-new-tokens", "4"]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.startswith("All:"), done.stderr[-3000:]
+    noise = ("libtpu", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "InitGoogle", "E0000")
+    assert not any(n in done.stderr for n in noise), done.stderr[-3000:]

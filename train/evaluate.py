@@ -531,6 +531,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> dict:
     args = _parser().parse_intermixed_args(argv)
+    from train.distributed import quiet_tpu_probe
+
+    quiet_tpu_probe()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     save_dir = os.path.dirname(os.path.abspath(args.json)) if args.json else None
     try:

@@ -20,6 +20,7 @@ from etils import epath
 from train import step as step_lib
 from train.checkpoint import Checkpointer
 from train.compose import load_run_config
+from train.distributed import quiet_tpu_probe
 from train.mesh import make_mesh
 
 
@@ -60,6 +61,7 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     p.add_argument("--step", type=int, default=None, help="default: the latest checkpoint")
     args = p.parse_args(argv)
+    quiet_tpu_probe()
     print(export(args.run_dir, args.out, args.step))
 
 

@@ -14,15 +14,12 @@ needed. Every process gets the same argv and composes the same config: no per-pr
 
 from __future__ import annotations
 
-import glob
-import importlib.util
 import logging
 import os
 import pathlib
 import sys
 
 import hydra
-import jax
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -34,7 +31,7 @@ from train import config as config_lib
 from train.compilation_cache import log_compilation_cache_stats, setup_compilation_cache
 from train.compose import load_config, validate
 from train.config import ConfigError
-from train.distributed import initialize
+from train.distributed import initialize, quiet_tpu_probe
 from train.mesh import make_mesh
 from train.nonfinite import NonfiniteError
 from train.trainer import train
@@ -101,20 +98,6 @@ def _exit_with(e: BaseException):
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         raise e
     sys.exit("error: " + " ".join(str(e).split()))
-
-
-def quiet_tpu_probe(environ=os.environ) -> str | None:
-    """JAX_PLATFORMS=cpu when libtpu is installed (`make test` installs it) but this machine has
-    neither a TPU nor an NVIDIA GPU: otherwise every run starts with libtpu's probe errors. Left
-    alone when JAX_PLATFORMS is set. -> the value set, or None."""
-    if "JAX_PLATFORMS" in environ or importlib.util.find_spec("libtpu") is None:
-        return None
-    accelerators = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*")
-    if any(glob.glob(pattern) for pattern in accelerators):
-        return None
-    environ["JAX_PLATFORMS"] = "cpu"  # for child processes
-    jax.config.update("jax_platforms", "cpu")  # jax read the variable when it was imported
-    return "cpu"
 
 
 def main(argv: list[str] | None = None) -> None:

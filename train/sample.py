@@ -38,6 +38,7 @@ from flax import nnx
 from data.text_source import read_meta
 from models.gpt import GPT, PRESETS, GPTConfig, from_torch, generate
 from models.state_dict import StateDictError, UnsafeCheckpointError, load_file
+from train.distributed import quiet_tpu_probe
 
 SEPARATOR = "---------------"  # nanoGPT prints this line after each sample
 _META_FILES = ("meta.json", "meta.pkl")
@@ -385,6 +386,7 @@ def _parser():
 
 def main(argv=None) -> list[str]:
     args = _parser().parse_args(argv)
+    quiet_tpu_probe()
     if args.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
     try:
