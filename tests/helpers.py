@@ -11,6 +11,8 @@ import re
 from launch.local import run_processes
 from train.metrics import read_jsonl
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
+
 # The line train.main logs at the end of a run (train/compilation_cache.py CacheStats.summary).
 _CACHE_STATS = re.compile(
     r"XLA compilation cache: (\d+) hits, (\d+) misses \(\d+ of (\d+) programs loaded from the "

@@ -19,9 +19,8 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from tests.helpers import REPO
 from train import aot
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 HLO_SNIPPET = """
 ENTRY %main {

@@ -17,10 +17,10 @@ from data import openwebtext  # noqa: E402
 from data.shakespeare_char import build as build_char  # noqa: E402
 from parity import gpt_torch  # noqa: E402
 from parity.compare import EXACT, assert_close  # noqa: E402
+from tests.helpers import REPO  # noqa: E402
 from train import sample as sample_cli  # noqa: E402
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARCH = dict(block_size=16, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True)
 
 

@@ -15,12 +15,16 @@ import sys
 import pytest
 
 from parity.compare import EXACT, assert_close
-from tests.helpers import build_tiny_sudoku, compilation_cache_counts, losses, tiny_trm_overrides
+from tests.helpers import (
+    REPO,
+    build_tiny_sudoku,
+    compilation_cache_counts,
+    losses,
+    tiny_trm_overrides,
+)
 from train.compilation_cache import DEFAULT_DIR, resolve_dir
 from train.compose import load_config
 from train.config import ConfigError
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _entries(cache_dir) -> list[str]:

@@ -14,13 +14,11 @@ import jax
 import pytest
 
 from parity.compare import EXACT, assert_close
-from tests.helpers import build_tiny_text, losses, tiny_gpt_overrides
+from tests.helpers import REPO, build_tiny_text, losses, tiny_gpt_overrides
 from train.compose import load_config
 from train.config import ConfigError
 from train.mesh import make_mesh
 from train.trainer import train
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A representative file of each item of a step (tiny GPT, one process): the Orbax step metadata,
 # the meta JSON, the Grain iterator state, the state's tree metadata and manifest, and its

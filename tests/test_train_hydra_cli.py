@@ -10,9 +10,7 @@ import sys
 
 import yaml
 
-from tests.helpers import build_tiny_sudoku, losses, tiny_trm_overrides
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import REPO, build_tiny_sudoku, losses, tiny_trm_overrides
 
 
 def _main(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -24,7 +24,13 @@ import jax
 import pytest
 from omegaconf import OmegaConf
 
-from tests.helpers import build_tiny_sudoku, build_tiny_text, tiny_gpt_overrides, tiny_trm_overrides
+from tests.helpers import (
+    REPO,
+    build_tiny_sudoku,
+    build_tiny_text,
+    tiny_gpt_overrides,
+    tiny_trm_overrides,
+)
 from train.checkpoint import Checkpointer
 from train.compose import load_config
 from train.config import ConfigError
@@ -32,8 +38,6 @@ from train.mesh import make_mesh
 from train.metrics import MetricLogger
 from train.step import make_task
 from train.trainer import resume_settings, train
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")

@@ -15,14 +15,13 @@ import pytest
 
 from parity.compare import EXACT, FLOAT32, assert_close
 from tests.helpers import (
+    REPO,
     build_tiny_sudoku,
     compilation_cache_counts,
     losses,
     run_local,
     tiny_trm_overrides,
 )
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.multiprocess

@@ -18,7 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.helpers import build_tiny_sudoku, build_tiny_text, tiny_gpt_overrides, tiny_trm_overrides
+from tests.helpers import (
+    REPO,
+    build_tiny_sudoku,
+    build_tiny_text,
+    tiny_gpt_overrides,
+    tiny_trm_overrides,
+)
 from train import step as step_lib
 from train.checkpoint import Checkpointer
 from train.compose import load_config
@@ -27,8 +33,6 @@ from train.mesh import make_mesh
 from train.metrics import dumps, read_jsonl, strict_json
 from train.nonfinite import FLAG, guard_step
 from train.trainer import train
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The tiny GPT (tests.helpers.tiny_gpt_overrides) with a sane lr for the first steps, then lr 1e6:
 # nanoGPT's schedule decays from learning_rate to min_lr over lr_decay_iters and stays at min_lr,

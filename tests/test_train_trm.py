@@ -11,13 +11,11 @@ import jax
 import pytest
 
 from parity.compare import EXACT, FLOAT32, assert_close
-from tests.helpers import build_tiny_sudoku, losses, tiny_trm_overrides
+from tests.helpers import REPO, build_tiny_sudoku, losses, tiny_trm_overrides
 from train.compose import load_config
 from train.mesh import make_mesh
 from train.metrics import read_jsonl
 from train.trainer import train
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
