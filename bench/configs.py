@@ -161,7 +161,7 @@ _TRM_DATA_FIELDS = ("seq_len", "vocab_size", "num_puzzle_identifiers")
 
 def resolve(cfg: BenchConfig, *, seed: int = 0, jax_overrides: dict | None = None) -> dict:
     """-> plain dict both sides build from: family, model, optim, batch_size, dtype, the full
-    trainer config (`trainer_cfg`, for train.step.make_task) and where it came from (`source`).
+    trainer config (`trainer_cfg`, for train.families.make_task) and where it came from (`source`).
 
     `jax_overrides` are model fields changed on the JAX side only (e.g. scan/remat variants).
     """

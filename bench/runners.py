@@ -5,7 +5,7 @@
     seconds, loss = runner.run(n)   # n train steps, then ONE device sync; wall time of all n
     runner.stats()                  # memory, compile count
 
-- `jax`: the trainer's real step: `train.step.make_task` + `jit_train_step` (jax.jit with the
+- `jax`: the trainer's real step: `train.families.make_task` + `jit_train_step` (jax.jit with the
   state's NamedShardings on a mesh of every visible device, state donated), state created by
   `task.create_state()` directly in its shards, the batch placed by `task.to_global`.
 - `torch_eager` / `torch_compile`: our PyTorch references (parity/gpt_torch.py, parity/trm_torch/)
@@ -130,12 +130,13 @@ class JaxRunner:
         import jax
 
         from train import mesh as mesh_lib
-        from train.step import jit_train_step, make_task
+        from train.families import make_task
+        from train.jit import jit_train_step
 
         _CompileCounter.install()
         from omegaconf import OmegaConf
 
-        from train.step import enable_x64_if_needed
+        from train.families import enable_x64_if_needed
 
         self.tcfg = OmegaConf.create(self.cfg["trainer_cfg"])
         enable_x64_if_needed(self.tcfg)  # as train.trainer does (upstream's float64 loss)
@@ -151,7 +152,7 @@ class JaxRunner:
             "device": f"{dev.platform}:{dev.device_kind}",
             "num_devices": jax.device_count(),
             "mesh": dict(self.mesh.shape),
-            "step": "train.step.jit_train_step(train.step.make_task(cfg, mesh)) "
+            "step": "train.jit.jit_train_step(train.families.make_task(cfg, mesh)) "
             "(jax.jit, NamedShardings, donate_argnums=0)",
             "task_flops_per_step": float(self.task.flops_per_step),
             "attention_impl": _jax_attention_impl(self.task.model_cfg),
@@ -345,7 +346,7 @@ class TorchTRMRunner(_TorchRunner):
         import torch
 
         from parity.trm_torch import ACTLossHead, build_model
-        from parity.trm_torch_optim import AdamATan2, EMAHelper, SparseSignSGD, train_batch
+        from parity.trm_torch.optim import AdamATan2, EMAHelper, SparseSignSGD, train_batch
 
         self.dev = _torch_setup(self.spec["device"])
         torch.manual_seed(self.spec["seed"])

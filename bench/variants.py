@@ -3,7 +3,7 @@
     python -m bench.variants trm_sudoku_tiny --variant scan=true --variant remat=true \
         --variant scan=true,remat=true [--steps 10] [--threads N]
 
-Each variant is the trainer's real step (train.step.make_task + jit_train_step) built from the
+Each variant is the trainer's real step (train.families.make_task + jit_train_step) built from the
 same resolved config with some model fields changed (TRMConfig `scan`, `remat`, ...). The first
 call of each is timed (trace + compile + one step, and `lower`/`compile` separately); then the
 variants run one step each in turn, `--steps` times, and the median and IQR of each are printed,
@@ -53,7 +53,8 @@ def main(argv=None):
     from bench import configs, runners
     from bench.stats import paired_ratios, summarize
     from train import mesh as mesh_lib
-    from train.step import build_train_step, enable_x64_if_needed, make_task
+    from train.families import enable_x64_if_needed, make_task
+    from train.jit import build_train_step
 
     cfg = configs.get(args.config)
     if args.batch:

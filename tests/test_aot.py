@@ -143,11 +143,12 @@ def test_memory_report_of_a_cpu_compiled_fsdp_step():
 
 @pytest.mark.slow  # ~10 s of CPU to compile the trainer's step; the tpu_aot test covers it too
 def test_real_gpt_step_on_8_cpu_devices_through_hydra():
-    """The trainer's own step (train.step.build_train_step), composed from the repo's Hydra
+    """The trainer's own step (train.jit.build_train_step), composed from the repo's Hydra
     configs, FSDP on CPU."""
     from train import mesh as mesh_lib
     from train.compose import load_config
-    from train.step import build_train_step, make_task
+    from train.families import make_task
+    from train.jit import build_train_step
 
     cfg = load_config(
         [

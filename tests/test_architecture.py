@@ -145,7 +145,7 @@ def import_cycles() -> list[list[str]]:
 def test_the_graph_sees_module_and_function_level_imports():
     """The parser finds what the cycle test relies on (else that test could never fail)."""
     graph = import_graph()
-    assert "train.step" in graph["train.trainer"]  # module level
+    assert "train.jit" in graph["train.trainer"]  # module level
     assert "models.trm.losses" in graph["bench.ttq"]  # inside a function of bench/ttq.py
     assert _strongly_connected({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"], ["c"]]
     assert _a_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}, ["a", "b", "c"]) == ["a", "b", "c", "a"]
@@ -157,7 +157,7 @@ def test_no_import_cycles():
 
 
 # The trainer's generic modules: they reach a model family only through the Task interface
-# (train/task.py), picked by name in train/step.py.
+# (train/task.py), picked by name in train/families.py.
 GENERIC = ("train.trainer", "train.task", "train.config", "train.compose", "train.checkpoint")
 GENERIC += ("train.export", "train.main", "train.nonfinite", "train.metrics")
 

@@ -97,7 +97,7 @@ def test_two_step_run_writes_complete_record(tmp_path, monkeypatch):
         assert res["memory"]["peak_rss_bytes"] > 0
         assert len(res["losses"]) == 3 and all(x == x for x in res["losses"])
     assert rec["impls"]["jax"]["recompiles_during_timing"] == 0
-    assert rec["impls"]["jax"]["info"]["step"].startswith("train.step.jit_train_step")
+    assert rec["impls"]["jax"]["info"]["step"].startswith("train.jit.jit_train_step")
     assert set(rec["ratios"]) == {"jax/torch_eager"}
     # same initial loss scale on both sides: ln(16) for a fresh model on uniform tokens
     assert abs(rec["impls"]["jax"]["losses"][0] - rec["impls"]["torch_eager"]["losses"][0]) < 0.5
@@ -178,7 +178,7 @@ def test_trm_two_step_run_through_the_trainer_task(tmp_path, monkeypatch):
     assert rec["schedule"] == ["jax", "torch_eager"] * 3
     for impl in ("jax", "torch_eager"):
         assert rec["impls"][impl]["status"] == "ok", rec["impls"][impl].get("traceback")
-    assert rec["impls"]["jax"]["info"]["step"].startswith("train.step.jit_train_step")
+    assert rec["impls"]["jax"]["info"]["step"].startswith("train.jit.jit_train_step")
     assert rec["flops_per_step"] == trm_flops_per_step(TRMConfig(**micro.model, batch_size=4), 4)
     # both report upstream's loss per example; a fresh model on 4 labels sits near ln(5) + 0.5 BCE
     j, t = rec["impls"]["jax"]["losses"][0], rec["impls"]["torch_eager"]["losses"][0]

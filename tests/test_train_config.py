@@ -75,7 +75,7 @@ def test_every_experiment_builds_its_abstract_train_state(name):
     TRM carry) through jax.eval_shape, as the trainer does before allocating anything: shapes
     only, so GPT-2 124M and the ARC puzzle tables cost no memory here. Where the parameter count is
     published it must match, so an experiment that builds the wrong model fails too."""
-    from train.step import make_task, needs_x64
+    from train.families import make_task, needs_x64
 
     cfg = load_config([f"+experiment={name}"])
     live = sum(a.nbytes for a in jax.live_arrays())
@@ -111,7 +111,7 @@ def test_bad_gpt_config_is_rejected_with_the_key(override, needle):
     with pytest.raises(ConfigError, match=needle):
         cfg = load_config(["+experiment=gpt_shakespeare_char_tiny", *override])
         # model fields are checked when the task builds GPTConfig (still before any compute)
-        from train.step import make_task
+        from train.families import make_task
 
         try:
             make_task(cfg, make_mesh(cfg.mesh, devices=jax.devices()[:1]), need_data=False)
@@ -156,9 +156,9 @@ def test_mesh_presets():
 
 
 def test_x64_is_needed_only_for_trm_with_the_float64_loss():
-    """train.trainer, train.aot and train.export share one decision (train.step.needs_x64, which
+    """train.trainer, train.aot and train.export share one decision (train.families.needs_x64, which
     asks the family: Task.needs_x64)."""
-    from train.step import needs_x64
+    from train.families import needs_x64
 
     assert needs_x64(load_config(["+experiment=trm_sudoku_tiny"]))  # upstream's default loss
     assert not needs_x64(load_config(["+experiment=trm_sudoku_tiny", "optim.loss_dtype=float32"]))
@@ -180,7 +180,7 @@ def test_attention_impl_overrides_from_the_command_line(experiment, x64):
     """configs/model/*.yaml list attention_impl (default auto): a plain override reaches the
     model config, and a bad value is an error naming the field and the choices (x64: the TRM
     task builds the float64 loss, as the trainer enables it)."""
-    from train.step import make_task
+    from train.families import make_task
 
     assert load_config([f"+experiment={experiment}"]).model.attention_impl == "auto"
     cfg = load_config([f"+experiment={experiment}", "model.attention_impl=explicit"])

@@ -120,7 +120,7 @@ def test_gpt_export_to_nanogpt_and_import_back(text_dir, tmp_path):
     path = export(os.path.join(out, "src"), os.path.join(out, "ckpt.pt"))
     _, task, state, _ = load_run_state(os.path.join(out, "src"))
     cfg = load_config(tiny_gpt_overrides(text_dir, out, "dst") + [f"trainer.init_from={path}"])
-    task2 = __import__("train.step", fromlist=["make_task"]).make_task(
+    task2 = __import__("train.families", fromlist=["make_task"]).make_task(
         cfg, make_mesh(cfg.mesh, devices=jax.devices()[:1])
     )
     imported = task2.import_weights(task2.create_state(), path)

@@ -25,7 +25,8 @@ from tests.helpers import (
     tiny_gpt_overrides,
     tiny_trm_overrides,
 )
-from train import step as step_lib
+from train import families
+from train import jit as jit_lib
 from train.checkpoint import Checkpointer
 from train.compose import load_config
 from train.config import ConfigError
@@ -152,7 +153,7 @@ def _poison(state):
 @pytest.mark.parametrize("family", ["gpt", "trm"])
 @pytest.mark.parametrize("mode", ["stop", "skip"])
 def test_the_real_step_returns_the_flag_and_skip_returns_its_input(family, mode, tmp_path, request):
-    """The trainer's own pure step (train.step.pure_train_step) of both families: a finite step
+    """The trainer's own pure step (train.jit.pure_train_step) of both families: a finite step
     has flag 0; a NaN weight gives flag 1, and with skip the state that comes out IS the state
     that went in, bit for bit (params, optimizer, step counts, EMA, carry, RNG)."""
     if family == "gpt":
@@ -161,9 +162,9 @@ def test_the_real_step_returns_the_flag_and_skip_returns_its_input(family, mode,
         data = build_tiny_sudoku(str(tmp_path / "sudoku"))
     cfg = _family_cfg(family, data, str(tmp_path), mode)
     mesh = make_mesh(cfg.mesh, devices=jax.devices()[:1])
-    task = step_lib.make_task(cfg, mesh)
+    task = families.make_task(cfg, mesh)
     with jax.set_mesh(mesh):
-        step = jax.jit(step_lib.pure_train_step(task))
+        step = jax.jit(jit_lib.pure_train_step(task))
         batches = task.train_iterator()
         state, metrics = step(task.create_state(), task.to_global(next(batches)))
         assert float(metrics[FLAG]) == 0.0 and _all_finite(state)
@@ -182,10 +183,10 @@ def _checkpoint_steps(run_dir) -> list[int]:
 
 def _restore(cfg, run_dir, step):
     mesh = make_mesh(cfg.mesh, devices=jax.devices()[:1])
-    task = step_lib.make_task(cfg, mesh)
+    task = families.make_task(cfg, mesh)
     ckpt = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.checkpoint)
     try:
-        abstract = step_lib.with_shardings(task.abstract_state, task.state_shardings)
+        abstract = jit_lib.with_shardings(task.abstract_state, task.state_shardings)
         return ckpt.restore(step, abstract)[0]
     finally:
         ckpt.close()

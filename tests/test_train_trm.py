@@ -120,7 +120,7 @@ def test_trm_export_to_upstream_and_import_back(sudoku_dir, tmp_path):
     import numpy as np
 
     from train.export import export, load_run_state
-    from train.step import make_task
+    from train.families import make_task
 
     out = str(tmp_path)
     over = ["optim.loss_dtype=float32"]

@@ -1,4 +1,4 @@
-"""models/trm/optim.py against our PyTorch reference (parity/trm_torch_optim.py) and against the
+"""models/trm/optim.py against our PyTorch reference (parity/trm_torch/optim.py) and against the
 values worked by hand from upstream's formulas (AdamATan2, the puzzle-table SignSGD, the lr
 schedule)."""
 
@@ -25,7 +25,7 @@ from models.trm.optim import (
 from parity.compare import EXACT, FLOAT32, FLOAT64, assert_all_close, assert_close
 
 torch = pytest.importorskip("torch")
-from parity.trm_torch_optim import (  # noqa: E402
+from parity.trm_torch.optim import (  # noqa: E402
     AdamATan2,
     EMAHelper,
     SparseSignSGD,

@@ -1,5 +1,5 @@
 """20 TRM training steps, JAX (models/trm/train_step.py) vs our PyTorch reference following
-upstream's train_batch order (parity/trm_torch + parity/trm_torch_optim.py), in float64.
+upstream's train_batch order (parity/trm_torch + parity/trm_torch/optim.py), in float64.
 
 Both sides: the persistent ACT carry (slots refilled only where halted), a stream of batches with
 duplicate puzzle ids, the same exploration draws, SignSGD then AdamATan2 each with its own lr from
@@ -33,7 +33,7 @@ from models.trm.train_step import (  # noqa: E402
     train_step,
 )
 from parity.report_trm import make_batch, make_pair, tiny_config, to_float64  # noqa: E402
-from parity.trm_torch_optim import AdamATan2, EMAHelper, SparseSignSGD, train_batch  # noqa: E402
+from parity.trm_torch.optim import AdamATan2, EMAHelper, SparseSignSGD, train_batch  # noqa: E402
 
 N_STEPS = 20
 BATCH = 6

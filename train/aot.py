@@ -7,7 +7,7 @@ Same Hydra configs and overrides as `python -m train.main`. libtpu (`pip install
 'jax[tpu]==0.10.2'`, or just the `libtpu==0.0.42.*` wheel) describes the slice's topology —
 32 abstract TPU v4 chips in a 2x4x4 block, 8 processes of 4 — without any TPU attached; the trainer
 builds the configured mesh over those abstract devices, its step with the real shardings and
-donation (`train.step.build_train_step`), and XLA's TPU compiler compiles it exactly as on the pod.
+donation (`train.jit.build_train_step`), and XLA's TPU compiler compiles it exactly as on the pod.
 That gives, before paying for a slice:
 
 * per-device memory (arguments, outputs, temporaries, generated code) against the chip's 32 GiB;
@@ -38,8 +38,9 @@ from jax.experimental import topologies
 
 from train import mesh as mesh_lib
 from train.compose import load_config
+from train.families import enable_x64_if_needed, make_task
 from train.flops import peak_flops_for
-from train.step import build_train_step, enable_x64_if_needed, make_task
+from train.jit import build_train_step
 
 GiB = 2**30
 

@@ -18,7 +18,7 @@ from omegaconf.errors import ConfigAttributeError, OmegaConfBaseException
 
 from train import config as config_lib
 from train.config import ConfigError
-from train.step import task_class
+from train.families import task_class
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 

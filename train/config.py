@@ -105,7 +105,7 @@ class CheckpointConfig:
 
 @dataclass
 class Config:
-    task: str = MISSING  # a model family: trm | gpt (train/step.py TASKS)
+    task: str = MISSING  # a model family: trm | gpt (train/families.py FAMILIES)
     run: RunConfig = field(default_factory=RunConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)

@@ -62,7 +62,8 @@ def _restore_run(run_dir: str, step: int | None, data: str | None, overrides):
     set; if that is gone, from --data's test split)."""
     from omegaconf import OmegaConf
 
-    from train import step as step_lib
+    from train import families
+    from train import jit as jit_lib
     from train.checkpoint import Checkpointer
     from train.compose import load_run_config
     from train.mesh import make_mesh
@@ -71,7 +72,7 @@ def _restore_run(run_dir: str, step: int | None, data: str | None, overrides):
         cfg = load_run_config(f.read())
     if overrides:
         _merge_overrides(cfg, overrides)
-    step_lib.enable_x64_if_needed(cfg)
+    families.enable_x64_if_needed(cfg)
     need_data = _sizes_from_data(cfg, data)
     ckpt = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.checkpoint)
     try:
@@ -82,8 +83,8 @@ def _restore_run(run_dir: str, step: int | None, data: str | None, overrides):
             step = steps[-1]
         elif step not in steps:
             raise EvalError(f"{run_dir}: --step {step} not saved; checkpoints: {steps}")
-        task = step_lib.make_task(cfg, make_mesh(cfg.mesh), need_data=need_data)
-        abstract = step_lib.with_shardings(task.abstract_state, task.state_shardings)
+        task = families.make_task(cfg, make_mesh(cfg.mesh), need_data=need_data)
+        abstract = jit_lib.with_shardings(task.abstract_state, task.state_shardings)
         try:
             state, _ = ckpt.restore(step, abstract)
         except ValueError as e:  # Orbax: a shape / dtype that does not fit
@@ -199,7 +200,7 @@ def _upstream_trm(path: str, state_dict: dict, data: str | None, overrides):
 
     from models.state_dict import strip_prefix
     from models.trm.params import PUZZLE_KEY
-    from train import step as step_lib
+    from train import families
     from train.compose import load_config
     from train.mesh import make_mesh
 
@@ -228,8 +229,8 @@ def _upstream_trm(path: str, state_dict: dict, data: str | None, overrides):
         cfg.data.num_puzzle_identifiers = (
             int(table.shape[0]) if table is not None else meta.num_puzzle_identifiers
         )
-    step_lib.enable_x64_if_needed(cfg)
-    task = step_lib.make_task(cfg, make_mesh(cfg.mesh), need_data=False)
+    families.enable_x64_if_needed(cfg)
+    task = families.make_task(cfg, make_mesh(cfg.mesh), need_data=False)
     try:
         state = task.import_weights(task.create_state(), path)
     except (KeyError, ValueError) as e:
@@ -392,7 +393,7 @@ def evaluate_gpt(task, state) -> dict:
 
 
 def _nanogpt(path: str, ckpt: dict, data: str | None, overrides):
-    from train import step as step_lib
+    from train import families
     from train.compose import load_config
     from train.mesh import make_mesh
 
@@ -408,8 +409,8 @@ def _nanogpt(path: str, ckpt: dict, data: str | None, overrides):
         base + model + ["model.dropout=0.0", "run.name=nanogpt_eval", f"data.path={data}"]
         + list(overrides)
     )  # fmt: skip
-    step_lib.enable_x64_if_needed(cfg)
-    task = step_lib.make_task(cfg, make_mesh(cfg.mesh))
+    families.enable_x64_if_needed(cfg)
+    task = families.make_task(cfg, make_mesh(cfg.mesh))
     if "vocab_size" in args and int(args["vocab_size"]) != task.model_cfg.vocab_size:
         raise EvalError(
             f"{path}: model_args vocab_size={args['vocab_size']}, but --data {data} has "

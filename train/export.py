@@ -17,7 +17,8 @@ import os
 
 from etils import epath
 
-from train import step as step_lib
+from train import families
+from train import jit as jit_lib
 from train.checkpoint import Checkpointer
 from train.compose import load_run_config
 from train.distributed import quiet_tpu_probe
@@ -28,14 +29,14 @@ def load_run_state(run_dir: str, step: int | None = None):
     """(cfg, task, state, meta) restored from <run_dir>/checkpoints on this process's devices."""
     run_dir = epath.Path(run_dir)  # local or gs://
     cfg = load_run_config((run_dir / "config.yaml").read_text())
-    step_lib.enable_x64_if_needed(cfg)  # as the run did (TRM float64 loss)
+    families.enable_x64_if_needed(cfg)  # as the run did (TRM float64 loss)
     mesh = make_mesh(cfg.mesh)
-    task = step_lib.make_task(cfg, mesh)
+    task = families.make_task(cfg, mesh)
     ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint)
     step = ckpt.latest_step() if step is None else step
     if step is None:
         raise FileNotFoundError(f"{run_dir}/checkpoints holds no checkpoint")
-    abstract = step_lib.with_shardings(task.abstract_state, task.state_shardings)
+    abstract = jit_lib.with_shardings(task.abstract_state, task.state_shardings)
     state, meta = ckpt.restore(step, abstract)
     ckpt.close()
     return cfg, task, state, meta

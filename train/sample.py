@@ -225,7 +225,8 @@ def load_run(run_dir: str, step: int | None = None, meta_path: str | None = None
     from etils import epath
     from omegaconf import open_dict
 
-    from train import step as step_lib
+    from train import families
+    from train import jit as jit_lib
     from train.checkpoint import Checkpointer
     from train.compose import load_run_config
     from train.mesh import make_mesh
@@ -241,7 +242,7 @@ def load_run(run_dir: str, step: int | None = None, meta_path: str | None = None
             with open_dict(cfg):
                 cfg.model.vocab_size = int(vocab)
     mesh = make_mesh(_sampling_mesh_cfg(cfg), [jax.devices()[0]])
-    task = step_lib.make_task(cfg, mesh, need_data=False)
+    task = families.make_task(cfg, mesh, need_data=False)
     ckpt = Checkpointer(epath.Path(run_dir) / "checkpoints", cfg.checkpoint)
     try:
         steps = sorted(ckpt.manager.all_steps())
@@ -250,7 +251,7 @@ def load_run(run_dir: str, step: int | None = None, meta_path: str | None = None
         step = steps[-1] if step is None else step
         if step not in steps:
             raise SampleError(f"--step {step}: {run_dir}/checkpoints holds steps {steps}")
-        abstract = step_lib.with_shardings(task.abstract_state, task.state_shardings)
+        abstract = jit_lib.with_shardings(task.abstract_state, task.state_shardings)
         try:
             state, _ = ckpt.restore(step, abstract)
         except (ValueError, FileNotFoundError) as e:

@@ -2,9 +2,9 @@
 
 A family (train/gpt_task.py, train/trm_task.py) implements the hooks below in ONE file: its config
 schema and validation, its data, its pure step, its evaluation, and weight import / export. The
-trainer (train/trainer.py, train/step.py, train/export.py, train/aot.py) calls nothing else:
+trainer (train/trainer.py, train/jit.py, train/export.py, train/aot.py) calls nothing else:
 
-    cls = task_class(cfg.task)                 # train/step.py, by name
+    cls = task_class(cfg.task)                 # train/families.py, by name
     cls.validate_config(cfg)                   # at compose time (train/compose.py)
     cls.needs_x64(cfg)                         # before anything is traced (process-wide switch)
     task = cls(cfg, mesh)                      # graphdef, abstract_state, state_shardings
@@ -68,7 +68,7 @@ class Task:
     @classmethod
     def needs_x64(cls, cfg) -> bool:
         """Whether this run computes in float64 somewhere, so jax x64 must be on before the first
-        trace (train.step.enable_x64_if_needed switches it, process-wide)."""
+        trace (train.families.enable_x64_if_needed switches it, process-wide)."""
         return False
 
     # --- the model and its step ---------------------------------------------------------------

@@ -23,8 +23,9 @@ import numpy as np
 from etils import epath
 from omegaconf import OmegaConf
 
+from train import families
+from train import jit as jit_lib
 from train import mesh as mesh_lib
-from train import step as step_lib
 from train.checkpoint import Checkpointer
 from train.config import ConfigError
 from train.flops import peak_flops
@@ -49,8 +50,8 @@ def train(cfg, mesh) -> dict:
     batch = {"trainer.global_batch_size": int(cfg.trainer.global_batch_size)}
     mesh_lib.check_batch_divisible(mesh, cfg.mesh.rules, batch)  # not JAX's sharding error
     _check_init_from(cfg)
-    step_lib.enable_x64_if_needed(cfg)  # before anything is traced (TRM: float64 stablemax loss)
-    task = step_lib.make_task(cfg, mesh)
+    families.enable_x64_if_needed(cfg)  # before anything is traced (TRM: float64 stablemax loss)
+    task = families.make_task(cfg, mesh)
     task.validate_data()  # a broken split or vocab fails here, not at the first evaluation
     _write_config(cfg, run_dir)
     ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint)
@@ -69,7 +70,7 @@ def train(cfg, mesh) -> dict:
         run_dir,
         ckpt.directory,
     )
-    step_fn = step_lib.jit_train_step(task)
+    step_fn = jit_lib.jit_train_step(task)
     config_dict = OmegaConf.to_container(cfg, resolve=True)
     logger = MetricLogger(run_dir, cfg, cfg.run.name, config_dict, stop)
     run = _Run(cfg, task, ckpt, logger, data_iter, step, meta)
@@ -158,7 +159,7 @@ def _write_config(cfg, run_dir) -> None:
 def _init_or_restore(cfg, task, ckpt, data_iter, run_dir):
     """-> (state, step, meta: best metric so far, skipped steps): the latest checkpoint of the run
     directory (the data iterator restored in place), else a new state (+ trainer.init_from)."""
-    abstract = step_lib.with_shardings(task.abstract_state, task.state_shardings)
+    abstract = jit_lib.with_shardings(task.abstract_state, task.state_shardings)
     found = None
     if cfg.run.resume:  # the newest step that restores; damaged newer ones are moved aside
         check = lambda meta, step: check_resumable(cfg, meta, f"{run_dir} step {step}")  # noqa: E731

@@ -174,7 +174,7 @@ class TRMTask(Task):
         if self.optim.loss_dtype == "float64" and not jax.config.jax_enable_x64:
             raise ValueError(
                 "optim.loss_dtype=float64 (upstream's stablemax dtype) needs jax x64; the trainer "
-                "enables it (train.step.enable_x64_if_needed), or set optim.loss_dtype=float32"
+                "enables it (train.families.enable_x64_if_needed), or set optim.loss_dtype=float32"
             )
         self.items_per_step = self.batch
         self.flops_per_step = trm_flops_per_step(self.model_cfg, self.batch)

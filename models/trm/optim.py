@@ -2,7 +2,7 @@
 upstream's LR schedule and the EMA of the trainable parameters.
 
 Each function mirrors one piece of upstream's `pretrain.py` stack (see docs/porting_trm_training.md)
-and is proven against our own PyTorch copy in parity/trm_torch_optim.py by tests/test_trm_optim.py.
+and is proven against our own PyTorch copy in parity/trm_torch/optim.py by tests/test_trm_optim.py.
 
     tx = adam_atan2(learning_rate=1e-4, b1=0.9, b2=0.95, weight_decay=1.0)   # nnx.Param only
     table = sparse_sign_sgd(table, ids, row_grads, learning_rate=lr_emb, weight_decay=1.0)

@@ -1,6 +1,6 @@
-"""The model families by name, and the jitted train step: jax.jit with explicit shardings + donation.
+"""The jitted train step: a family's pure step with its graphdef bound, `jax.jit` with explicit
+shardings and donation.
 
-    task = make_task(cfg, mesh)                 # train/gpt_task.py or train/trm_task.py
     step_fn = jit_train_step(task)              # state, metrics = step_fn(state, batch)
     jitted, (abstract_state, abstract_batch) = build_train_step(cfg, mesh)
     compiled = jitted.lower(abstract_state, abstract_batch).compile()   # AOT (train/aot.py)
@@ -8,8 +8,9 @@
 The family's `step(graphdef, state, batch) -> (state, metrics)` is a PURE function of pytrees:
 `nnx.merge(graphdef, state)` at the top, the model's own step, `nnx.split` / `nnx.state` at the end
 (MaxText's shape). Nothing is mutated across the jit boundary, so nothing is lost (jax.jit does not
-propagate NNX in-place mutation; docs/training.md, trap 2). The state argument is donated: XLA
-reuses its buffers for the new state, so params + optimizer state exist once in device memory.
+propagate NNX in-place mutation; docs/training.md, "jit does not propagate NNX mutation"). The
+state argument is donated: XLA reuses its buffers for the new state, so params + optimizer state
+exist once in device memory.
 """
 
 from __future__ import annotations
@@ -17,39 +18,9 @@ from __future__ import annotations
 import jax
 
 from train import mesh as mesh_lib
-from train.config import ConfigError
-from train.gpt_task import GPTTask
+from train.families import make_task
 from train.nonfinite import guard_step
 from train.task import Task
-from train.trm_task import TRMTask
-
-TASKS: dict[str, type[Task]] = {"gpt": GPTTask, "trm": TRMTask}
-
-
-def task_class(name: str) -> type[Task]:
-    """The Task subclass of `cfg.task`."""
-    if name not in TASKS:
-        raise ConfigError(f"task must be one of {sorted(TASKS)}, got {name!r}")
-    return TASKS[name]
-
-
-def needs_x64(cfg) -> bool:
-    """Whether the run `cfg` needs jax x64 (the family decides: Task.needs_x64)."""
-    return task_class(cfg.task).needs_x64(cfg)
-
-
-def enable_x64_if_needed(cfg) -> bool:
-    """Turns jax x64 on when `needs_x64(cfg)`. Process-wide, so call it before building the task
-    (train.trainer.train, train.aot and train.export do). Returns whether it did."""
-    if needs_x64(cfg):
-        jax.config.update("jax_enable_x64", True)
-        return True
-    return False
-
-
-def make_task(cfg, mesh, *, need_data: bool = True) -> Task:
-    """The task object for `cfg.task` (data metadata is read from disk unless need_data=False)."""
-    return task_class(cfg.task)(cfg, mesh, need_data=need_data)
 
 
 def with_shardings(abstract_tree, shardings):
@@ -76,8 +47,7 @@ def pure_train_step(task: Task):
     `trainer.on_nonfinite` (train/nonfinite.py): metrics gain `nonfinite`; in skip mode a step
     with a non-finite loss or gradient norm returns its input state."""
     graphdef = task.graphdef
-    mode = task.cfg.trainer.get("on_nonfinite", "stop")  # bench may pass an older saved config
-    guarded = guard_step(lambda s, b: task.step(graphdef, s, b), mode)
+    guarded = guard_step(lambda s, b: task.step(graphdef, s, b), task.cfg.trainer.on_nonfinite)
 
     def train_step(state, batch):  # jit names the program (and its compilation-cache file) after it
         return guarded(state, batch)
