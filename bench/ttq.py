@@ -66,14 +66,15 @@ def prepare_data(rc: dict, data_dir: str | None, input_path: str | None) -> str:
 
 
 def _eval_means(ev: dict) -> dict:
-    """A worker's eval answer as metric values: TRM sums through the trainer's normalisation
-    (every key / count: rows that halted with labels), GPT's val_loss as it is."""
-    if "sums" not in ev:
-        return ev
+    """A worker's eval sums as metric values: GPT's mean loss over the batches (val_loss), TRM's
+    sums through the trainer's normalisation (every key / count: rows that halted with labels)."""
+    sums = ev["sums"]
+    if "loss" in sums:  # GPT: one mean loss per batch, summed
+        return {"val_loss": sums["loss"] / sums["count"], "eval_s": ev["eval_s"]}
     # lazy: torch workers import this module and never load jax
     from models.trm.losses import normalize_metrics
 
-    means = normalize_metrics(ev["sums"], mode="eval")
+    means = normalize_metrics(sums, mode="eval")
     return {"accuracy": float(means["accuracy"]), "exact_accuracy": float(means["exact_accuracy"]),
             "eval_s": ev["eval_s"]}  # fmt: skip
 

@@ -121,30 +121,21 @@ class JaxTTQ:
         return time.perf_counter() - t0, _loss_of(metrics)
 
     def evaluate(self, _arg=None) -> dict:
+        """The trainer's own evaluation step (Task.eval_step: GPT's loss with dropout off;
+        TRM's upstream evaluate, EMA weights, a fresh carry, halt_max_steps ACT steps), summed
+        over the fixed eval batches; the driver turns the sums into the metric."""
         import jax
-        import jax.numpy as jnp
 
         task, state = self.inner.task, self.inner.state
-        gpt = self.rc["family"] == "gpt"
         if self._eval_fn is None:
-            # the trainer's own evaluation of one batch: GPT's loss with dropout off; TRM's
-            # upstream evaluate (EMA weights, fresh carry, halt_max_steps ACT steps)
             self._eval_fn = jax.jit(task.eval_step)
         t0 = time.perf_counter()
-        if gpt:
-            losses = [
-                self._eval_fn(state, {k: jnp.asarray(b[k], jnp.int32) for k in ("x", "y")})
-                for b in self.data.eval_batches
-            ]
-            out = {"val_loss": float(np.mean(jax.device_get(losses)))}
-        else:
-            sums = None
-            for b in self.data.eval_batches:
-                m = jax.device_get(self._eval_fn(state["train"], task.to_global(b))[0])
-                sums = m if sums is None else {k: sums[k] + m[k] for k in sums}
-            out = {"sums": {k: float(v) for k, v in sums.items()}}
-        out["eval_s"] = time.perf_counter() - t0
-        return out
+        sums = {}
+        for b in self.data.eval_batches:
+            shapes = task.batch_shapes(len(next(iter(b.values()))))
+            m = jax.device_get(self._eval_fn(state, task.to_global(b, shapes)))
+            sums = {k: sums.get(k, 0.0) + float(v) for k, v in m.items()}
+        return {"sums": sums, "eval_s": time.perf_counter() - t0}
 
     def stats(self):
         return self.inner.stats()
@@ -208,7 +199,8 @@ class TorchGPTTTQ(_TorchTTQ):
                 with r.ctx():
                     losses.append(float(r.fwd(x, y)[1].float().cpu()))
         r.model.train()
-        return {"val_loss": float(np.mean(losses)), "eval_s": time.perf_counter() - t0}
+        sums = {"loss": float(np.sum(losses)), "count": float(len(losses))}
+        return {"sums": sums, "eval_s": time.perf_counter() - t0}
 
 
 class TorchTRMTTQ(_TorchTTQ):

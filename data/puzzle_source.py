@@ -13,7 +13,8 @@ process_index=None, process_count=None, set_name="all")`` -- a ``grain.IterDatas
   ``{"iteration": k, "batch": b, ...}`` (the next global batch); ``set_state`` resumes exactly
   there, so ``grain.checkpoint.CheckpointSave/CheckpointRestore`` work with Orbax. After the last
   batch of iteration ``k`` the state reads ``{"iteration": k, "batch": num_batches(k)}`` (the
-  trainer evaluates there); the step to ``k + 1`` happens on the next ``next()``.
+  trainer evaluates there, ``at_iteration_end()``); the step to ``k + 1`` happens on the next
+  ``next()``.
 
 ``PuzzleTestDataset(split, *, global_batch_size, process_index=None, process_count=None,
 set_name="all")`` -- a ``grain.MapDataset`` of ``ceil(N / global_batch_size)`` batches.
@@ -206,6 +207,11 @@ class _PuzzleTrainIterator(grain.DatasetIterator):
         out = ds.make_batch(self._iteration, self._batch)
         self._batch += 1
         return out
+
+    def at_iteration_end(self) -> bool:
+        """True when the batch just returned was the last of its iteration (upstream evaluates
+        there): the move to the next iteration happens only on the next `next()`."""
+        return self._batch >= self._ds.num_batches(self._iteration)
 
     def get_state(self) -> dict[str, Any]:
         ds = self._ds

@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
 
 from launch.local import run_processes
 from train.metrics import read_jsonl
@@ -167,3 +172,37 @@ def run_local(cmd: list[str], *, processes: int, cpu_devices: int, timeout: floa
         why = "timed out" if status == 124 else "failed"
         raise RuntimeError(f"local multi-process run {why}:\n{tails}")
     return results
+
+
+def run_and_signal(
+    args: list[str], *, when, sig=signal.SIGKILL, env=None, timeout: float = 300, poll=0.002
+) -> tuple[int, str]:
+    """`python -m train.main *args` in a subprocess; sends `sig` as soon as `when()` is true (it
+    is polled every `poll` seconds), then waits for the process: -> (returncode, output). The
+    signal comes from outside, at whatever point the run has reached, as a preemption or a
+    kill -9 does; `when()` never true: the run ends by itself."""
+    cmd = [sys.executable, "-m", "train.main", *args]
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, text=True
+        )
+        deadline = time.monotonic() + timeout
+        try:
+            while proc.poll() is None and time.monotonic() < deadline:
+                if when():
+                    proc.send_signal(sig)
+                    break
+                time.sleep(poll)
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        out.seek(0)
+        return proc.returncode, out.read()
+
+
+def checkpoint_exists(run_dir: str, step: int):
+    """A `when` for run_and_signal: the run has committed checkpoint `step` (Orbax renames the
+    step's temporary directory to `<step>` only once every item is written)."""
+    return lambda: os.path.isdir(os.path.join(run_dir, "checkpoints", str(step)))

@@ -16,9 +16,11 @@ from data.puzzle_format import load_split
 from parity.compare import EXACT, assert_close
 from tests.helpers import build_tiny_sudoku, tiny_trm_overrides
 from train.compose import load_config
-from train.evaluate import EvalError, evaluate, main, upstream_overrides
+from train.errors import ConfigError
+from train.evaluate import evaluate, main
 from train.mesh import make_mesh
 from train.metrics import read_jsonl
+from train.source import upstream_overrides
 from train.trainer import train
 
 FLOAT32_LOSS = ["optim.loss_dtype=float32"]  # no process-wide x64 switch in this worker
@@ -233,10 +235,10 @@ def test_bad_input_is_one_line(run, exported, tmp_path):
     write_dataset(small, {"test": (meta, {"all": arrays})}, ["<blank>"])
     msg = _one_line_error(None, [run_dir, "--data", str(small)])
     assert "seq_len=16, but the model has seq_len=81" in msg
-    assert "--batch 3: expected a positive multiple of 8" in _one_line_error(
+    assert "--batch=3 is not divisible by the 8 devices" in _one_line_error(
         None, [run_dir, "--batch", "3"]
     )
-    with pytest.raises(EvalError, match="--extra-steps -1"):
+    with pytest.raises(ConfigError, match="--extra-steps -1"):
         evaluate(run_dir, extra_steps=-1)
     assert "mesh=nope: no " in _one_line_error(None, [run_dir, "mesh=nope"])
     # overrides of a run's config: another mesh preset and eval batch, the same counts
@@ -335,7 +337,7 @@ def test_arc_pass_at_k_of_a_model_that_copies_its_input(tmp_path):
     other = str(tmp_path / "arc_aug1")
     arc.main(["--input-file-prefix", str(prefix), "--output-dir", other, "--num-aug", "1",
               "--subsets", "training", "evaluation", "--test-set-name", "evaluation"])  # fmt: skip
-    with pytest.raises(EvalError, match="identifiers.json differs from the run's"):
+    with pytest.raises(ConfigError, match="identifiers.json differs from the run's"):
         evaluate(str(ckpt), data=other, overrides=FLOAT32_LOSS)
 
 

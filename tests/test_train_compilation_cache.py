@@ -24,7 +24,7 @@ from tests.helpers import (
 )
 from train.compilation_cache import DEFAULT_DIR, resolve_dir
 from train.compose import load_config
-from train.config import ConfigError
+from train.errors import ConfigError
 
 
 def _entries(cache_dir) -> list[str]:

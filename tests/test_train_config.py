@@ -11,7 +11,7 @@ import jax
 import pytest
 
 from train.compose import CONFIG_DIR, load_config
-from train.config import ConfigError
+from train.errors import ConfigError
 from train.mesh import make_mesh, mesh_shape
 
 EXPERIMENTS = sorted(

@@ -16,7 +16,7 @@ import pytest
 from parity.compare import EXACT, assert_close
 from tests.helpers import REPO, build_tiny_text, losses, tiny_gpt_overrides
 from train.compose import load_config
-from train.config import ConfigError
+from train.errors import ConfigError
 from train.mesh import make_mesh
 from train.trainer import train
 
@@ -152,7 +152,7 @@ _AFTER_THE_ERROR = """
 import gc, json, logging, sys, time
 import jax
 from train.compose import load_config
-from train.config import ConfigError
+from train.errors import ConfigError
 from train.mesh import make_mesh
 from train.trainer import train
 seen = []

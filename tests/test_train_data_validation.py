@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers import build_tiny_text, tiny_gpt_overrides
 from train.compose import load_config
-from train.config import ConfigError
+from train.errors import ConfigError
 from train.mesh import make_mesh
 from train.trainer import train
 

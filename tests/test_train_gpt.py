@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
+import re
+import signal
 
 import jax
 import pytest
 
 from parity.compare import EXACT, FLOAT32, assert_close
-from tests.helpers import REPO, build_tiny_text, losses, tiny_gpt_overrides
+from tests.helpers import (
+    build_tiny_text,
+    checkpoint_exists,
+    losses,
+    run_and_signal,
+    tiny_gpt_overrides,
+)
 from train.compose import load_config
 from train.mesh import make_mesh
 from train.trainer import train
@@ -51,43 +57,36 @@ def test_gpt_same_losses_on_1_and_8_devices(text_dir, tmp_path):
 
 
 def test_gpt_kill_and_resume_is_bit_identical(text_dir, tmp_path):
-    """Run 8 steps; separately run with checkpoints every 3 steps and SIGKILL at step 5 (a real
-    kill -9: no clean exit), relaunch -> resumes from step 3 and reproduces the curve EXACTLY
-    (params, Adam moments, step, dropout RNG and the Grain iterator all come back).
+    """Run 30 steps; separately run with checkpoints every 3 steps and kill -9 it from outside as
+    soon as step 3 is committed (no clean exit; the run is a few steps further by then), relaunch:
+    it resumes from its newest committed checkpoint and reproduces the curve EXACTLY (params, Adam
+    moments, step, dropout RNG and the Grain iterator all come back).
 
     With dropout 0.1 AND 2 accumulation micro-steps: dropout runs inside the accumulation scan
     (models/gpt/train_step.py re-merges fresh Variables there; a model merged outside the scan
-    raises TraceContextError when it draws a mask, docs/porting_nanogpt.md trap 17)."""
+    raises TraceContextError when it draws a mask, docs/porting_nanogpt.md)."""
     out = str(tmp_path)
-    accum = ["trainer.gradient_accumulation_steps=2", "trainer.global_batch_size=16"]
-    base = tiny_gpt_overrides(text_dir, out, "straight") + accum
-    _run(base, 8)
-    cmd = (
-        [sys.executable, "-m", "train.main"]
-        + tiny_gpt_overrides(text_dir, out, "killed")
-        + accum
-        + ["checkpoint.interval=3"]
-    )
-    env = dict(os.environ, TRAIN_TEST_SIGKILL_AT_STEP="5")
-    first = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert first.returncode == -9, first.stderr[-3000:]
-    ckpts = os.listdir(os.path.join(out, "killed", "checkpoints"))
-    assert "3" in ckpts and "8" not in ckpts, ckpts
-    env.pop("TRAIN_TEST_SIGKILL_AT_STEP")
-    second = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "resumed" in second.stderr, second.stderr[-2000:]
-    # Where the results are, at the start; the summary line at the end (train.trainer).
+    steps = ["trainer.gradient_accumulation_steps=2", "trainer.global_batch_size=16"]
+    _run(tiny_gpt_overrides(text_dir, out, "straight", steps=30) + steps, 8)
+    args = tiny_gpt_overrides(text_dir, out, "killed", steps=30) + steps + ["checkpoint.interval=3"]
     run_dir = os.path.join(out, "killed")
-    assert f"run directory {run_dir}: config.yaml, metrics.jsonl, final.json" in second.stderr
+    rc, log = run_and_signal(args, when=checkpoint_exists(run_dir, 3))
+    assert rc == -signal.SIGKILL, log[-3000:]
+    assert not os.path.exists(os.path.join(run_dir, "final.json")), "the run finished first"
+    rc, log = run_and_signal(args, when=lambda: False)
+    assert rc == 0, log[-3000:]
+    resumed_at = re.search(r"resumed \S+ from step (\d+)", log)
+    assert resumed_at and 3 <= int(resumed_at.group(1)) < 30, log[-2000:]
+    # Where the results are, at the start; the summary line at the end (train.trainer).
+    assert f"run directory {run_dir}: config.yaml, metrics.jsonl, final.json" in log
     final = json.load(open(os.path.join(run_dir, "final.json")))
     summary = (
-        f"done: 8 steps, best eval/val_loss={final['eval/val_loss']:.6g} at step 8; checkpoints: "
-        f"{os.path.realpath(run_dir)}/checkpoints; summary: {run_dir}/final.json"
+        f"done: 30 steps, best eval/val_loss={final['eval/val_loss']:.6g} at step 30; "
+        f"checkpoints: {os.path.realpath(run_dir)}/checkpoints; summary: {run_dir}/final.json"
     )
-    assert summary in second.stderr, second.stderr[-2000:]
-    straight, resumed = _curve(os.path.join(out, "straight")), _curve(os.path.join(out, "killed"))
-    assert len(resumed) == 8
+    assert summary in log, log[-2000:]
+    straight, resumed = _curve(os.path.join(out, "straight")), _curve(run_dir)
+    assert len(resumed) == 30
     assert_close("train/loss after kill -9 + resume", resumed, straight, EXACT)
 
 
@@ -113,12 +112,14 @@ def test_gpt_export_to_nanogpt_and_import_back(text_dir, tmp_path):
     import numpy as np
     from flax import nnx
 
-    from train.export import export, load_run_state
+    from train.export import export
+    from train.source import open_source
 
     out = str(tmp_path)
     _run(tiny_gpt_overrides(text_dir, out, "src", steps=3), 1)
     path = export(os.path.join(out, "src"), os.path.join(out, "ckpt.pt"))
-    _, task, state, _ = load_run_state(os.path.join(out, "src"))
+    src = open_source(os.path.join(out, "src"))
+    task, state = src.task, src.state
     cfg = load_config(tiny_gpt_overrides(text_dir, out, "dst") + [f"trainer.init_from={path}"])
     task2 = __import__("train.families", fromlist=["make_task"]).make_task(
         cfg, make_mesh(cfg.mesh, devices=jax.devices()[:1])

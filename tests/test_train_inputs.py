@@ -33,7 +33,7 @@ from tests.helpers import (
 )
 from train.checkpoint import Checkpointer
 from train.compose import load_config
-from train.config import ConfigError
+from train.errors import ConfigError
 from train.families import make_task
 from train.mesh import make_mesh
 from train.metrics import MetricLogger

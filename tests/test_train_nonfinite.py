@@ -29,7 +29,7 @@ from train import families
 from train import jit as jit_lib
 from train.checkpoint import Checkpointer
 from train.compose import load_config
-from train.config import ConfigError
+from train.errors import ConfigError
 from train.mesh import make_mesh
 from train.metrics import dumps, read_jsonl, strict_json
 from train.nonfinite import FLAG, guard_step

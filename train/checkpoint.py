@@ -24,7 +24,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers as cm
 
-from train.config import ConfigError
+from train.errors import ConfigError, one_line
 from train.metrics import is_local
 from train.task import sync_processes
 
@@ -48,7 +48,7 @@ class Checkpointer:
             self.manager = self._make_manager()
         except Exception as e:  # Orbax reads every step's metadata here: a damaged one can raise
             raise ConfigError(
-                f"cannot open the checkpoints in {self.directory}: {_one_line(e)}. Move the "
+                f"cannot open the checkpoints in {self.directory}: {_why(e)}. Move the "
                 "damaged step directories out of it, or start a new run (another run.name)"
             ) from e
 
@@ -107,7 +107,7 @@ class Checkpointer:
             except Exception as e:
                 log.warning(
                     "checkpoint step %d in %s is damaged (%s); trying the previous one",
-                    step, self.directory, _one_line(e),
+                    step, self.directory, _why(e),
                 )  # fmt: skip
                 damaged.append(step)
             else:
@@ -229,13 +229,6 @@ def _not_an_abandoned_read(record: logging.LogRecord) -> bool:
     return "TensorStore" not in str(record.exc_info[1]) and "OCDBT" not in str(record.exc_info[1])
 
 
-def _one_line(e: BaseException) -> str:
-    """`Type: first line of the message`, for one-line warnings and errors. Orbax's read errors
-    end in a multi-line TensorStore spec; the cause (which file, what is wrong with it) is kept."""
-    text = str(e).strip().splitlines()
-    if not text:
-        return type(e).__name__
-    line = text[0].split(" See full TensorStore details")[0][:300]
-    if e.__cause__ is not None and "See full TensorStore details" in text[0]:
-        line += f" <- {_one_line(e.__cause__)}"
-    return f"{type(e).__name__}: {line}"
+def _why(e: BaseException) -> str:
+    """`Type: message` on one line, for the damage warnings and errors."""
+    return f"{type(e).__name__}: {one_line(e, limit=300)}"

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, OmegaConfBaseException
 
 from train import config as config_lib
-from train.config import ConfigError
+from train.errors import ConfigError
 from train.families import task_class
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -68,6 +68,30 @@ def load_run_config(text: str):
     OmegaConf.set_struct(cfg, True)
     validate(cfg)
     return cfg
+
+
+def apply_overrides(cfg, overrides) -> None:
+    """key=value overrides onto a saved config (a run directory's config.yaml), in place, then
+    validated; `mesh=NAME` swaps in configs/mesh/NAME.yaml (a v4-64 run evaluated on one machine:
+    mesh=cpu). Group overrides other than mesh and `+key` additions are refused: a saved config
+    is already composed."""
+    bad = [o for o in overrides if "=" not in o or o.startswith(("+", "~"))]
+    if bad:
+        raise ConfigError(f"overrides {bad}: a saved config takes key=value overrides only")
+    OmegaConf.set_struct(cfg, False)
+    try:
+        for o in overrides:
+            key, value = o.split("=", 1)
+            if key == "mesh":
+                path = os.path.join(CONFIG_DIR, "mesh", f"{value}.yaml")
+                if not os.path.isfile(path):
+                    raise ConfigError(f"mesh={value}: no {path}")
+                cfg.mesh = OmegaConf.merge(cfg.mesh, OmegaConf.load(path))
+            else:
+                cfg.merge_with(OmegaConf.from_dotlist([o]))
+    finally:
+        OmegaConf.set_struct(cfg, True)
+    validate(cfg)
 
 
 def validate(cfg) -> None:

@@ -24,11 +24,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from train.compilation_cache import DEFAULT_DIR, DEFAULT_MIN_COMPILE_SECS
-
-
-class ConfigError(ValueError):
-    """A configuration value is missing, unknown or out of range (message names the key)."""
-
+from train.errors import ConfigError
 
 # trainer.on_nonfinite: what a step with a non-finite loss or gradient norm does (train/nonfinite.py)
 NONFINITE_MODES = ("stop", "skip")

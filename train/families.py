@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import jax
 
-from train.config import ConfigError
+from train.errors import ConfigError
 from train.gpt_task import GPTTask
 from train.task import Task
 from train.trm_task import TRMTask

@@ -1,5 +1,10 @@
-"""nanoGPT on the trainer: its config sections, token windows from data.text_source, the model and
-optimisation math of models.gpt, `estimate_loss` + a sample as evaluation, nanoGPT ckpt.pt in/out.
+"""nanoGPT on the trainer: the adapter between train/task.py's hooks and models.gpt.
+
+    config sections  GPTDataConfig (data), models.gpt.GPTConfig (model), GPTOptimConfig (optim)
+    data             data.text_source token windows (shakespeare_char built on first use)
+    train step       models/gpt/train_step.py: AdamW groups, get_lr, clipping, accumulation
+    eval step        the loss with dropout off; estimate_loss over eval_iters batches + a sample
+    weights          nanoGPT ckpt.pt / HF GPT-2 in, nanoGPT ckpt.pt out (models/gpt/params.py)
 
 Semantics of nanoGPT's train.py: AdamW with decay on ndim >= 2, warmup + cosine `get_lr` read from
 the optimizer's update count, global-norm clipping with torch's 1e-6, `gradient_accumulation_steps`
@@ -16,6 +21,7 @@ import logging
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from omegaconf import OmegaConf
@@ -24,9 +30,10 @@ from data.shakespeare_char import build as build_shakespeare_char
 from data.text_source import eval_dataset, read_meta, read_token_bin, train_dataset
 from models.gpt import GPT, GPTConfig, from_torch_file, generate, to_torch
 from models.gpt.train_step import configure_optimizers, lr_schedule, train_step
-from train.config import ConfigError, build_dataclass, check_fields, check_ranges
+from train.config import build_dataclass, check_fields, check_ranges
+from train.errors import ConfigError
 from train.flops import gpt_flops_per_step
-from train.task import Task, sync_processes
+from train.task import Task, build_once, record_in_config
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +88,7 @@ _MODEL_RANGES = {
 
 class GPTTask(Task):
     items_name = "tokens"
+    console_metrics = ("train/loss", "eval/val_loss")
 
     @classmethod
     def validate_config(cls, cfg) -> None:
@@ -100,10 +108,9 @@ class GPTTask(Task):
         d = dict(cfg.data)
         self.data_dir = d.get("path", "")
         self.meta = self._prepare_data(d) if need_data else {}
-        model_kw = dict(cfg.model)
-        if "vocab_size" in self.meta:
-            model_kw["vocab_size"] = int(self.meta["vocab_size"])
-        self.model_cfg = build_dataclass(GPTConfig, model_kw, "model")
+        if "vocab_size" in self.meta:  # the data set's vocabulary, recorded in config.yaml
+            record_in_config(cfg, {"model.vocab_size": int(self.meta["vocab_size"])})
+        self.model_cfg = build_dataclass(GPTConfig, cfg.model, "model")
         self.optim = build_dataclass(GPTOptimConfig, cfg.optim, "optim")
         o = self.optim
         # nanoGPT's get_lr as an optax schedule of the update count (also logged by `step`)
@@ -149,38 +156,45 @@ class GPTTask(Task):
                 raise ConfigError(
                     f"data.path={path!r} has no train.bin; build it first (python -m data.<name>)"
                 )
-            if jax.process_index() == 0:
-                log.info("building %s into %s", builder, path)
-                build_shakespeare_char(path, input_path=d.get("input") or None)
-            sync_processes("gpt_data_built")
+            log.info("building %s into %s", builder, path)
+            build_once(
+                "gpt_data_built",
+                lambda: build_shakespeare_char(path, input_path=d.get("input") or None),
+            )
         try:
             return read_meta(path)
         except FileNotFoundError:
             return {}
 
     def validate_data(self) -> None:
+        self.check_eval_data(self.data_dir, option="data.path")
+
+    def check_eval_data(self, data_dir: str, trained_on=None, option: str = "--data") -> None:
         """train.bin and val.bin open as uint16 tokens, hold more than one window, and their
         tokens (val: all; train: the first 2**20) are below the model's vocab_size."""
         vocab, need = self.model_cfg.vocab_size, self.model_cfg.block_size + 2
         for split in ("train", "val"):
-            path = os.path.join(self.data_dir, f"{split}.bin")
+            path = os.path.join(data_dir, f"{split}.bin")
             try:
                 tokens = read_token_bin(path)
             except (OSError, ValueError) as e:
-                raise ConfigError(f"data.path: {e}") from e
+                raise ConfigError(f"{option}: {e}") from e
             if len(tokens) < need:
                 raise ConfigError(
-                    f"data.path: {path} has {len(tokens)} tokens; model.block_size="
+                    f"{option}: {path} has {len(tokens)} tokens; model.block_size="
                     f"{self.model_cfg.block_size} needs at least {need}"
                 )
             top = int(np.max(tokens[: 1 << 20] if split == "train" else tokens))
             if top >= vocab:
                 raise ConfigError(
-                    f"data.path: {path} has token id {top}, not below the model's vocab_size="
+                    f"{option}: {path} has token id {top}, not below the model's vocab_size="
                     f"{vocab} (meta.json vocab_size or model.vocab_size)"
                 )
 
-    def batch_shapes(self):
+    def batch_shapes(self, batch_size: int | None = None):
+        """[accum, batch, block] micro-batches; an evaluation batch is [batch_size, block]."""
+        if batch_size is not None:
+            return {k: ((batch_size, self.block), np.int32, 0) for k in ("x", "y")}
         shape = (self.accum, self.batch, self.block)
         return {"x": (shape, np.int32, 1), "y": (shape, np.int32, 1)}
 
@@ -210,36 +224,50 @@ class GPTTask(Task):
         )
         return nnx.split((model, nnx.Optimizer(model, tx, wrt=nnx.Param)))
 
-    def step(self, graphdef, state, batch):
-        return train_step(graphdef, state, batch, grad_clip=self.optim.grad_clip, lr=self.lr_fn)
+    def train_step(self, state, batch):
+        return train_step(
+            self.graphdef, state, batch, grad_clip=self.optim.grad_clip, lr=self.lr_fn
+        )
 
     # --- eval -------------------------------------------------------------------------------
     def eval_step(self, state, batch):
+        """The batch's mean loss with dropout off, as a sum over one batch (nanoGPT's
+        estimate_loss averages these over eval_iters batches)."""
         model, _ = nnx.merge(self.eval_graphdef, state)
-        return model(batch["x"], batch["y"])[1]
+        return {"loss": model(batch["x"], batch["y"])[1], "count": jnp.float32(1)}
+
+    def eval_metrics(self, sums: dict) -> dict:
+        return {"loss": float(sums["loss"]) / float(sums["count"])}
 
     def evaluate(self, state, step: int) -> dict:
         """nanoGPT's estimate_loss (eval_iters batches per split, dropout off) + a sample."""
-        t = self.cfg.trainer
-        shapes = {k: ((self.batch, self.block), np.int32, 0) for k in ("x", "y")}
+        out = self.run_eval(state)
+        n = int(self.cfg.data.get("sample_tokens", 0) or 0)
+        if n > 0 and "itos" in self.meta:
+            out["eval/sample"] = self.sample(state, n)
+        return out
+
+    def run_eval(self, state, data_dir: str | None = None) -> dict:
+        """estimate_loss on `data_dir` (default data.path): -> {"eval/train_loss",
+        "eval/val_loss"}; the batches depend on run.seed only, so every evaluation of a run,
+        and `python -m train.evaluate` on its checkpoints, sees the same windows."""
+        shapes = self.batch_shapes(self.batch)
         if self._eval_fn is None:
             batch_sh = {k: v.sharding for k, v in self.abstract_batch(shapes).items()}
             self._eval_fn = jax.jit(self.eval_step, in_shardings=(self.state_shardings, batch_sh))
         out = {}
         for split in ("train", "val"):
             ds = eval_dataset(
-                os.path.join(self.data_dir, f"{split}.bin"),
+                os.path.join(data_dir or self.data_dir, f"{split}.bin"),
                 block_size=self.block,
                 global_batch_size=self.batch,
-                num_batches=int(t.eval_iters),
+                num_batches=int(self.cfg.trainer.eval_iters),
                 seed=self.cfg.run.seed,
             )
-            losses = [self._eval_fn(state, self.to_global(b, shapes)) for b in ds]
+            sums = [self._eval_fn(state, self.to_global(b, shapes)) for b in ds]
+            total = {k: sum(float(s[k]) for s in jax.device_get(sums)) for k in ("loss", "count")}
             # nanoGPT logs these as train/loss and val/loss; here train/* is the per-step stream
-            out[f"eval/{split}_loss"] = float(np.mean(jax.device_get(losses)))
-        n = int(self.cfg.data.get("sample_tokens", 0) or 0)
-        if n > 0 and "itos" in self.meta:
-            out["eval/sample"] = self.sample(state, n)
+            out[f"eval/{split}_loss"] = self.eval_metrics(total)["loss"]
         return out
 
     def sample(self, state, max_new_tokens: int, temperature: float = 0.8, top_k: int = 200):

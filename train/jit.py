@@ -1,11 +1,10 @@
-"""The jitted train step: a family's pure step with its graphdef bound, `jax.jit` with explicit
-shardings and donation.
+"""The jitted train step: a family's pure step, `jax.jit` with explicit shardings and donation.
 
     step_fn = jit_train_step(task)              # state, metrics = step_fn(state, batch)
     jitted, (abstract_state, abstract_batch) = build_train_step(cfg, mesh)
     compiled = jitted.lower(abstract_state, abstract_batch).compile()   # AOT (train/aot.py)
 
-The family's `step(graphdef, state, batch) -> (state, metrics)` is a PURE function of pytrees:
+The family's `train_step(state, batch) -> (state, metrics)` is a PURE function of pytrees:
 `nnx.merge(graphdef, state)` at the top, the model's own step, `nnx.split` / `nnx.state` at the end
 (MaxText's shape). Nothing is mutated across the jit boundary, so nothing is lost (jax.jit does not
 propagate NNX in-place mutation; docs/training.md, "jit does not propagate NNX mutation"). The
@@ -31,8 +30,8 @@ def with_shardings(abstract_tree, shardings):
 
 
 def jit_train_step(task: Task):
-    """`train_step(state, batch) -> (state, metrics)`: the task's pure step with its graphdef
-    bound, jitted with the in/out shardings of state and batch, the state donated."""
+    """`train_step(state, batch) -> (state, metrics)`: the task's pure step, jitted with the
+    in/out shardings of state and batch, the state donated."""
     batch_sh = jax.tree.map(lambda a: a.sharding, task.abstract_batch())
     return jax.jit(
         pure_train_step(task),
@@ -43,11 +42,10 @@ def jit_train_step(task: Task):
 
 
 def pure_train_step(task: Task):
-    """The task's pure step with its graphdef bound and the non-finite guard of
-    `trainer.on_nonfinite` (train/nonfinite.py): metrics gain `nonfinite`; in skip mode a step
-    with a non-finite loss or gradient norm returns its input state."""
-    graphdef = task.graphdef
-    guarded = guard_step(lambda s, b: task.step(graphdef, s, b), task.cfg.trainer.on_nonfinite)
+    """The task's pure step with the non-finite guard of `trainer.on_nonfinite`
+    (train/nonfinite.py): metrics gain `nonfinite`; in skip mode a step with a non-finite loss or
+    gradient norm returns its input state."""
+    guarded = guard_step(task.train_step, task.cfg.trainer.on_nonfinite)
 
     def train_step(state, batch):  # jit names the program (and its compilation-cache file) after it
         return guarded(state, batch)

@@ -1,10 +1,13 @@
-"""Entry point, a Hydra app: `python -m train.main +experiment=NAME [key=value ...]`.
+"""Entry point: `python -m train.main +experiment=NAME [key=value ...]`.
 
-Hydra's own command line works: `--help` (config groups), `--cfg job` (the composed config),
-`--info`, and `-m` sweeps (`-m +experiment=NAME optim.lr=1e-4,3e-4`: the basic launcher runs the
-jobs one after the other in this process, each in its own run directory `<run.name>-<job num>`).
-Hydra writes nothing and does not change directory (configs/config.yaml's `hydra:` section): the
-run directory is still <run.out_dir>/<run.name>, decided by the trainer.
+A plain run composes its config once with Hydra's compose API (train/compose.py), validates it,
+and calls the trainer. Hydra's own command line works too, through `@hydra.main`: `--help`
+(config groups), `--cfg job` (the composed config), `--info`, `hydra.*` overrides, and `-m`
+sweeps (`-m +experiment=NAME optim.lr=1e-4,3e-4`: Hydra's basic launcher runs the jobs one after
+the other in this process, each in its own run directory `<run.name>-<job num>`). Before a sweep
+starts, every job's config is composed and validated, so a bad value in the last job is one line
+before the first job runs. Hydra writes nothing but a sweep's multirun.yaml and does not change
+directory (configs/config.yaml's `hydra:` section).
 
 Kept short on purpose (Flax examples/gemma style): distributed init, config, compilation cache,
 mesh, one call into the trainer. Environment for multi-process runs: JAX_COORDINATOR_ADDRESS,
@@ -14,13 +17,11 @@ needed. Every process gets the same argv and composes the same config: no per-pr
 
 from __future__ import annotations
 
+import itertools
 import logging
-import os
-import pathlib
 import sys
 
 import hydra
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
@@ -29,58 +30,52 @@ from omegaconf import OmegaConf
 
 from train import config as config_lib
 from train.compilation_cache import log_compilation_cache_stats, setup_compilation_cache
-from train.compose import load_config, validate
-from train.config import ConfigError
+from train.compose import CONFIG_DIR, load_config, validate
 from train.distributed import initialize, quiet_tpu_probe
+from train.errors import ConfigError, exit_with
 from train.mesh import make_mesh
 from train.nonfinite import NonfiniteError
 from train.trainer import train
 
-# Flags that make Hydra print, sweep or read another config instead of one plain run.
-_HYDRA_FLAGS = ("-", "hydra.", "hydra/")
-
-
-def _is_plain_run(args: list[str]) -> bool:
-    return not any(a.startswith(_HYDRA_FLAGS) for a in args)
-
-
 _MULTIRUN = ("-m", "--multirun")
 
 
-def _sweep_jobs(args: list[str]) -> list[list[str]]:
-    """The overrides of each job of a plain `-m` sweep, expanded as Hydra's basic sweeper does
-    (the product of the comma lists); [] when `args` is no sweep or has other Hydra flags."""
+def _is_plain(args: list[str]) -> bool:
+    """Only overrides: no Hydra flag (`--help`, `-m`, ...) and no `hydra.*` / `hydra/*` key."""
+    return not any(a.startswith(("-", "hydra.", "hydra/")) for a in args)
+
+
+def sweep_jobs(args: list[str]) -> list[list[str]]:
+    """The overrides of each job of a `-m` sweep of plain overrides, the product of the comma
+    lists as Hydra's basic sweeper forms it; [] when `args` is no such sweep."""
     rest = [a for a in args if a not in _MULTIRUN]
-    if len(rest) == len(args) or not _is_plain_run(rest):
+    if len(rest) == len(args) or not _is_plain(rest):
         return []
     try:
         overrides = OverridesParser.create().parse_overrides(rest)
-        return [
-            list(job) for batch in BasicSweeper.split_arguments(overrides, None) for job in batch
-        ]
     except HydraException as e:  # OverrideParseException: a grammar error in an override
         raise ConfigError(f"config error: {' '.join(str(e).split())}") from e
+    choices = {}  # key -> ["key=value", ...]; a key given twice keeps its last value
+    for o in overrides:
+        key = o.get_key_element()
+        if not o.is_sweep_override():
+            choices[key] = [f"{key}={o.get_value_element_as_str()}"]
+        elif o.is_discrete_sweep():
+            choices[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
+        else:
+            raise ConfigError(f"{key}: only comma lists sweep here (got {o.value_type.name})")
+    return [list(job) for job in itertools.product(*choices.values())]
 
 
-def _job_run_name(name: str) -> str:
-    """In a sweep (-m), job N's run is `<run.name>-<N>`: two jobs never share a run directory,
-    and the same sweep command again resumes each job from its own directory."""
-    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-        return f"{name}-{HydraConfig.get().job.num}"
-    return name
-
-
-# An absolute path: Hydra resolves a relative one against the calling module's package when
-# main() is called in-process (tests), where "../configs" is no package.
-CONFIG_DIR = str(pathlib.Path(__file__).resolve().parent.parent / "configs")
-
-
-@hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")
-def _run(cfg) -> dict:
+def run(cfg) -> dict:
+    """Validates `cfg` and trains it: one run of the app (a plain run, or one job of a sweep)."""
     try:
         OmegaConf.set_struct(cfg, True)
-        cfg.run.name = _job_run_name(cfg.run.name)
-        validate(cfg)  # the same checks as load_config, on the config Hydra composed
+        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+            # job N of a sweep: <run.name>-<N>, so two jobs never share a run directory and the
+            # same sweep again resumes each job from its own
+            cfg.run.name = f"{cfg.run.name}-{HydraConfig.get().job.num}"
+        validate(cfg)
         # Process-wide, so here and not in train(): before the first compile, once per process.
         setup_compilation_cache(
             cfg.run.compilation_cache_dir, cfg.run.compilation_cache_min_compile_secs
@@ -90,35 +85,37 @@ def _run(cfg) -> dict:
         finally:
             log_compilation_cache_stats()  # hits / misses of this process
     except (ConfigError, NonfiniteError) as e:  # NonfiniteError: trainer.on_nonfinite=stop
-        _exit_with(e)  # exit status 1, no traceback: it is the user's input
+        exit_with(e)  # exit status 1, no traceback: it is the user's input
 
 
-def _exit_with(e: BaseException):
-    """One line `error: ...` and exit status 1; HYDRA_FULL_ERROR=1 re-raises for the traceback."""
-    if os.environ.get("HYDRA_FULL_ERROR") == "1":
-        raise e
-    sys.exit("error: " + " ".join(str(e).split()))
+@hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")
+def _hydra_app(cfg) -> dict:
+    return run(cfg)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
-    config_lib.register_schema()  # base_config, before Hydra composes
+    config_lib.register_schema()  # base_config, before anything composes
+    cfg = None
     try:  # Hydra's own composition errors span several lines; ours are one line
-        if _is_plain_run(args):
-            load_config(args)
-        for n, job in enumerate(_sweep_jobs(args)):  # every job of a sweep, before the first runs
+        if _is_plain(args):
+            cfg = load_config(args)
+        for n, job in enumerate(sweep_jobs(args)):  # every job of a sweep, before the first runs
             try:
                 load_config(job)
             except ConfigError as e:
                 raise ConfigError(f"sweep job {n} ({' '.join(job)}): {e}") from e
     except ConfigError as e:
-        _exit_with(e)
+        exit_with(e)
     if quiet_tpu_probe():  # before JAX starts a backend
         logging.getLogger(__name__).info("JAX_PLATFORMS=cpu: no TPU or GPU device on this machine")
     initialize()  # before anything touches devices (importing the trainer does not)
+    if cfg is not None:
+        run(cfg)
+        return
     saved, sys.argv = sys.argv, [sys.argv[0], *args]  # Hydra reads its command line there
     try:
-        _run()
+        _hydra_app()
     finally:
         sys.argv = saved
 

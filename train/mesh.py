@@ -15,7 +15,7 @@ import math
 import jax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from train.config import ConfigError
+from train.errors import ConfigError
 
 AXES = ("data", "fsdp", "tensor")
 

@@ -99,9 +99,15 @@ class JsonlFile:
             self.f.close()
 
 
+# Shown on the console line of every family, after the family's own (Task.console_metrics)
+SPEED_METRICS = ("step_time_ms", "mfu")
+
+
 class MetricLogger:
-    def __init__(self, run_dir, cfg, run_id: str, config_dict: dict, total_steps: int):
+    def __init__(self, run_dir, cfg, run_id: str, config_dict: dict, total_steps: int,
+                 console_metrics=()):  # fmt: skip
         self.is_main = jax.process_index() == 0
+        self.console_metrics = (*console_metrics, *SPEED_METRICS)
         self.pending = None
         self.wandb_run = None
         self.jsonl = None
@@ -171,19 +177,7 @@ class MetricLogger:
         self._console(record)
 
     def _console(self, record):
-        keys = [
-            k
-            for k in (
-                "train/loss",
-                "train/lm_loss",
-                "eval/val_loss",
-                "eval/all/exact_accuracy",
-                "train/exact_accuracy",
-                "step_time_ms",
-                "mfu",
-            )
-            if k in record
-        ]
+        keys = [k for k in self.console_metrics if k in record]
         parts = []
         for k in keys:
             v = record[k]

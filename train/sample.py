@@ -27,24 +27,23 @@ off. The device is whatever JAX picks (CPU, GPU or TPU); there is no --device.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 
 import jax
 import numpy as np
 from flax import nnx
 
 from data.text_source import read_meta
-from models.gpt import GPT, PRESETS, GPTConfig, from_torch, generate
-from models.state_dict import StateDictError, UnsafeCheckpointError, load_file
+from models.gpt import GPT, GPTConfig, generate
+from models.state_dict import StateDictError, UnsafeCheckpointError
 from train.distributed import quiet_tpu_probe
+from train.errors import ConfigError, exit_with
 
 SEPARATOR = "---------------"  # nanoGPT prints this line after each sample
 _META_FILES = ("meta.json", "meta.pkl")
 
 
-class SampleError(ValueError):
+class SampleError(ConfigError):
     """Bad input to `python -m train.sample`; the message is one line naming what is wrong."""
 
 
@@ -146,162 +145,42 @@ def _config_dirs(config) -> list[str]:
     return dirs
 
 
-def _with_dtype(config: GPTConfig, dtype: str | None) -> GPTConfig:
-    return config if dtype is None else GPTConfig(**{**vars(config), "dtype": dtype})
+def _meta_dirs(src) -> list[str]:
+    """Where the encoding's meta is looked for: beside a checkpoint file, then the data
+    directory its config names (a run: data.path)."""
+    if src.kind == "run":
+        return [str(src.cfg.data.path)] if src.cfg.data.get("path") else []
+    return [os.path.dirname(os.path.abspath(src.path)), *_config_dirs(src.meta.get("config"))]
 
 
-def load_nanogpt_ckpt(path: str, dtype: str | None = None):
-    """-> (model, search dirs for the meta) from a nanoGPT ckpt.pt."""
-    ckpt = load_file(path)
-    args = ckpt.get("model_args") if isinstance(ckpt, dict) else None
-    if not isinstance(args, dict):
-        raise SampleError(
-            f"{path}: no 'model_args' entry, so it is not a nanoGPT ckpt.pt (a bare state_dict "
-            "does not say its architecture)"
-        )
-    fields = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")
-    missing = [f for f in fields if f not in args]
-    if missing:
-        raise SampleError(f"{path}: model_args lacks {missing}")
-    config = GPTConfig(**{f: args[f] for f in fields}, dtype=dtype or "float32")
-    model = from_torch(ckpt, config)
-    return model, [os.path.dirname(os.path.abspath(path)), *_config_dirs(ckpt.get("config"))]
-
-
-def _hf_config(path: str, sd: dict) -> GPTConfig:
-    """The GPT-2 architecture of an HF safetensors file: config.json beside it, else a preset."""
-    keys = [k[len("transformer.") :] if k.startswith("transformer.") else k for k in sd]
-    if "wte.weight" not in keys or "wpe.weight" not in keys:
-        raise SampleError(f"{path}: no wte.weight / wpe.weight, so it is not a GPT-2 weights file")
-    sd = {k: v for k, v in zip(keys, sd.values(), strict=True)}
-    vocab, n_embd = np.shape(sd["wte.weight"])
-    block = np.shape(sd["wpe.weight"])[0]
-    n_layer = len({k.split(".")[1] for k in keys if k.startswith("h.")})
-    cfg_json = os.path.join(os.path.dirname(os.path.abspath(path)), "config.json")
-    if os.path.isfile(cfg_json):
-        with open(cfg_json, encoding="utf-8") as f:
-            n_head = int(json.load(f)["n_head"])
-    else:
-        match = [
-            p
-            for p in PRESETS.values()
-            if p["n_embd"] == n_embd and p["n_layer"] == n_layer and p["bias"]
-        ]
-        if not match:
-            raise SampleError(
-                f"{path}: n_embd={n_embd}, n_layer={n_layer} is no GPT-2 size; put HF's "
-                "config.json (with n_head) beside it"
-            )
-        n_head = match[0]["n_head"]
-    return GPTConfig(
-        n_layer=n_layer,
-        n_head=n_head,
-        n_embd=int(n_embd),
-        block_size=int(block),
-        vocab_size=int(vocab),
-        bias=True,
-        gelu_approximate=True,  # HF GPT-2's "gelu_new"
-    )
-
-
-def load_hf_safetensors(path: str, dtype: str | None = None):
-    """-> (model, search dirs) from an HF GPT-2 .safetensors file."""
-    sd = load_file(path)
-    config = _with_dtype(_hf_config(path, sd), dtype)
-    return from_torch(sd, config), [os.path.dirname(os.path.abspath(path))]
-
-
-def _sampling_mesh_cfg(cfg):
-    """The run's mesh section for one device: sampling runs one sequence at a time."""
-    from omegaconf import OmegaConf  # lazy, as the other trainer imports: files need none of it
-
-    mesh = OmegaConf.to_container(cfg.mesh)
-    mesh.update(data=1, fsdp=1, tensor=1, param_sharding="replicate")
-    return OmegaConf.create(mesh)
-
-
-def load_run(run_dir: str, step: int | None = None, meta_path: str | None = None, dtype=None):
-    """-> (model, search dirs) from a run directory of this trainer (task gpt)."""
-    from etils import epath
-    from omegaconf import open_dict
-
-    from train import families
-    from train import jit as jit_lib
-    from train.checkpoint import Checkpointer
-    from train.compose import load_run_config
-    from train.mesh import make_mesh
-
-    cfg = load_run_config((epath.Path(run_dir) / "config.yaml").read_text())
-    if cfg.task != "gpt":
-        raise SampleError(f"{run_dir}: a {cfg.task!r} run; train.sample samples GPT runs only")
-    data_dirs = [str(cfg.data.path)] if cfg.data.get("path") else []
-    meta_file = meta_path or _find_meta(data_dirs)
-    if meta_file is not None:  # the run's vocab_size came from its data set's meta, as in training
-        vocab = _read_meta(meta_file).get("vocab_size")
-        if vocab is not None:
-            with open_dict(cfg):
-                cfg.model.vocab_size = int(vocab)
-    mesh = make_mesh(_sampling_mesh_cfg(cfg), [jax.devices()[0]])
-    task = families.make_task(cfg, mesh, need_data=False)
-    ckpt = Checkpointer(epath.Path(run_dir) / "checkpoints", cfg.checkpoint)
-    try:
-        steps = sorted(ckpt.manager.all_steps())
-        if not steps:
-            raise SampleError(f"{run_dir}/checkpoints holds no checkpoint")
-        step = steps[-1] if step is None else step
-        if step not in steps:
-            raise SampleError(f"--step {step}: {run_dir}/checkpoints holds steps {steps}")
-        abstract = jit_lib.with_shardings(task.abstract_state, task.state_shardings)
-        try:
-            state, _ = ckpt.restore(step, abstract)
-        except (ValueError, FileNotFoundError) as e:
-            raise SampleError(
-                f"{run_dir}: step {step} does not restore onto model {dict(cfg.model)} "
-                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                "is the data set's meta (vocab_size) the one the run trained on? (--meta)"
-            ) from e
-    finally:
-        ckpt.close()
-    model, _ = nnx.merge(task.eval_graphdef, state)
-    if dtype is not None and dtype != model.config.dtype:
-        params = nnx.state(model, nnx.Param)
-        model = GPT(_with_dtype(model.config, dtype), rngs=nnx.Rngs(0))
-        nnx.update(model, jax.tree.map(lambda a: a.astype(model.config.param_dtype), params))
-    return model, data_dirs
-
-
-def source_kind(source: str) -> str:
-    """'run' | 'nanogpt' | 'hf'. A missing path or an unknown kind is a one-line SampleError."""
-    if not os.path.exists(source) and "://" not in source:
-        raise SampleError(f"SOURCE {source}: no such file or directory")
-    if "://" in source or os.path.isdir(source):
-        if os.path.isdir(source) and not os.path.isfile(os.path.join(source, "config.yaml")):
-            raise SampleError(
-                f"SOURCE {source}: a directory without config.yaml, so not a run directory of "
-                "this trainer (point at its ckpt.pt / model.safetensors for a file)"
-            )
-        return "run"
-    if source.endswith(".safetensors"):
-        return "hf"
-    if source.endswith((".pt", ".pth", ".bin", ".ckpt")):
-        return "nanogpt"
-    raise SampleError(
-        f"SOURCE {source}: unknown kind; expected a run directory, a nanoGPT ckpt.pt or an HF "
-        "GPT-2 .safetensors file"
-    )
+def with_dtype(model: GPT, dtype: str | None) -> GPT:
+    """`model` computing in `dtype` (float64 means float64 parameters too): the same weights."""
+    if dtype is None or dtype == model.config.dtype:
+        return model
+    config = GPTConfig(**{**vars(model.config), "dtype": dtype})
+    params = nnx.state(model, nnx.Param)
+    out = GPT(config, rngs=nnx.Rngs(0))
+    nnx.update(out, jax.tree.map(lambda a: a.astype(config.param_dtype), params))
+    return out
 
 
 def load_source(source: str, *, step=None, meta=None, dtype=None):
-    """-> (model in eval mode, codec) for any SOURCE kind."""
-    kind = source_kind(source)
-    if kind == "run":
-        model, dirs = load_run(source, step, meta, dtype)
-    elif kind == "hf":
-        model, dirs = load_hf_safetensors(source, dtype)
-    else:
-        model, dirs = load_nanogpt_ckpt(source, dtype)
+    """-> (model in eval mode, codec) for a GPT SOURCE (train.source.open_source, one device)."""
+    from train.source import open_source
+
+    src = open_source(source, step=step, single_device=True, kinds=("run", "nanogpt", "hf_gpt2"))
+    if src.cfg.task != "gpt":
+        raise SampleError(f"{source}: a {src.cfg.task!r} run; train.sample samples GPT runs only")
+    codec = resolve_codec(meta, _meta_dirs(src))
+    vocab = src.task.model_cfg.vocab_size
+    if isinstance(codec, CharCodec) and len(codec.stoi) != vocab:
+        raise SampleError(
+            f"{codec.where}: vocab_size={len(codec.stoi)}, but the model of {source} has "
+            f"vocab_size={vocab}; give the meta of the data set it was trained on (--meta)"
+        )
+    model, _ = nnx.merge(src.task.eval_graphdef, src.state)
+    model = with_dtype(model, dtype)
     model.eval()  # dropout off, as nanoGPT's sample.py
-    codec = resolve_codec(meta, dirs)
     return model, codec
 
 
@@ -403,8 +282,8 @@ def main(argv=None) -> list[str]:
             top_k=args.top_k,
             seed=args.seed,
         )
-    except (SampleError, FileNotFoundError, StateDictError, UnsafeCheckpointError) as e:
-        sys.exit("train.sample: " + " ".join(line.strip() for line in str(e).splitlines()))
+    except (ConfigError, FileNotFoundError, StateDictError, UnsafeCheckpointError) as e:
+        exit_with(e, prefix="train.sample: ")
     for text in texts:
         print(text)
         print(SEPARATOR)

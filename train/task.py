@@ -1,15 +1,22 @@
 """The seam between the generic trainer and a model family: every hook the trainer calls.
 
-A family (train/gpt_task.py, train/trm_task.py) implements the hooks below in ONE file: its config
-schema and validation, its data, its pure step, its evaluation, and weight import / export. The
-trainer (train/trainer.py, train/jit.py, train/export.py, train/aot.py) calls nothing else:
+A family (train/gpt_task.py, train/trm_task.py) implements the hooks below in ONE file, a thin
+adapter over its model package: its config schema and validation, its data, its train and eval
+steps, its evaluation loop, and weight import / export. The trainer (train/trainer.py,
+train/jit.py, train/source.py, train/aot.py) calls nothing else:
 
     cls = task_class(cfg.task)                 # train/families.py, by name
     cls.validate_config(cfg)                   # at compose time (train/compose.py)
     cls.needs_x64(cfg)                         # before anything is traced (process-wide switch)
     task = cls(cfg, mesh)                      # graphdef, abstract_state, state_shardings
     state = task.create_state()                # or restored onto task.state_shardings
-    state, metrics = task.step(task.graphdef, state, task.to_global(next(data)))   # jitted
+    state, metrics = task.train_step(state, task.to_global(next(data)))    # jitted
+    sums = task.eval_step(state, batch)        # jitted; summed over batches, then
+    task.eval_metrics(sums)                    # -> {"loss": ...} / {"exact_accuracy": ...}
+    task.evaluate(state, step)                 # the trainer's evaluation: {"eval/...": ...}
+
+Both steps are pure functions of (state, batch) with the task's static attributes (graphdef,
+config) closed over, and both take the FULL state the trainer holds.
 
 `init(key) -> (graphdef, state)` builds the model and optimizer and splits them (nnx.split); the
 graphdef is static (a pytree without leaves), so `jax.eval_shape(task.init, key)` gives both the
@@ -26,6 +33,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
+from omegaconf import OmegaConf, open_dict
 
 from train import mesh as mesh_lib
 
@@ -34,6 +42,22 @@ def sync_processes(name: str) -> None:
     """A barrier over all processes (nothing with one): e.g. after process 0 built a data set."""
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices(name)
+
+
+def build_once(name: str, build) -> None:
+    """Runs `build()` on process 0 while the others wait at the barrier `name` (a data set that
+    every process then reads)."""
+    if jax.process_index() == 0:
+        build()
+    sync_processes(name)
+
+
+def record_in_config(cfg, values: dict) -> None:
+    """Writes dotted-key values into `cfg` (struct mode or not). A task records the sizes it read
+    from the data set, so the run's config.yaml describes its model without the data."""
+    with open_dict(cfg):
+        for key, value in values.items():
+            OmegaConf.update(cfg, key, value, force_add=True)
 
 
 # A batch spec: key -> (global shape, numpy dtype, batch axis). The batch axis is sharded over the
@@ -49,6 +73,7 @@ class Task:
     mesh: Any = None
     model_cfg: Any = None  # the model's own config dataclass (GPTConfig / TRMConfig)
     items_name: str = "examples"  # or "tokens": what `items_per_step` counts
+    console_metrics: tuple[str, ...] = ()  # the metrics the console line shows, besides speed
     total_steps: int = 0  # optimiser steps of the schedule
     items_per_step: int = 0  # examples or tokens one step consumes (throughput)
     flops_per_step: float = 0.0  # model FLOPs of one step (MFU)
@@ -76,7 +101,7 @@ class Task:
         """-> (graphdef, state): model + optimizer built from `key` and split (traced under jit)."""
         raise NotImplementedError
 
-    def step(self, graphdef, state, batch) -> tuple[Any, dict]:
+    def train_step(self, state, batch) -> tuple[Any, dict]:
         """One optimiser step, pure: -> (state, metrics: dict of float32 scalars on device)."""
         raise NotImplementedError
 
@@ -85,8 +110,9 @@ class Task:
         return mesh_lib.tree_shardings(abstract_state, self.mesh, self.cfg.mesh.param_sharding)
 
     # --- data ---------------------------------------------------------------------------------
-    def batch_shapes(self) -> BatchShapes:
-        """The train batch: key -> (global shape, dtype, batch axis)."""
+    def batch_shapes(self, batch_size: int | None = None) -> BatchShapes:
+        """The train batch: key -> (global shape, dtype, batch axis); with `batch_size`, an
+        evaluation batch of that many rows in the layout `eval_step` takes."""
         raise NotImplementedError
 
     def local_batch(self, rows: dict) -> dict:
@@ -112,13 +138,24 @@ class Task:
         every = self.cfg.trainer.eval_interval
         return bool(every) and step % every == 0
 
-    def eval_step(self, state, batch):
-        """One evaluation batch, pure and jittable: what `evaluate` jits and sums (bench.ttq
-        reuses it, so a time-to-quality run is judged by the trainer's own evaluation)."""
+    def eval_step(self, state, batch) -> dict:
+        """One evaluation batch, pure and jittable: the full state and a batch in the layout of
+        `batch_shapes` -> sums (float32 scalars, `count` among them) that add over batches.
+        bench.ttq jits it, so a time-to-quality run is judged by the trainer's own evaluation."""
+        raise NotImplementedError
+
+    def eval_metrics(self, sums: dict) -> dict:
+        """Summed `eval_step` outputs -> the metrics (host floats, no prefix)."""
         raise NotImplementedError
 
     def evaluate(self, state, step: int) -> dict:
-        """-> host metrics (`eval/...` floats, or strings such as a GPT sample)."""
+        """The trainer's evaluation: -> host metrics (`eval/...` floats, or strings such as a
+        GPT sample), every batch of the family's evaluation data through `eval_step`."""
+        raise NotImplementedError
+
+    def check_eval_data(self, data_dir: str, trained_on: str | None = None) -> None:
+        """ConfigError (one line naming `--data`, the file and what was expected) unless
+        `data_dir` is a data set this model can be evaluated on (`python -m train.evaluate`)."""
         raise NotImplementedError
 
     # --- weights in the original code base's format -------------------------------------------

@@ -13,9 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import pickle
-import signal
 import time
 
 import jax
@@ -27,7 +25,7 @@ from train import families
 from train import jit as jit_lib
 from train import mesh as mesh_lib
 from train.checkpoint import Checkpointer
-from train.config import ConfigError
+from train.errors import ConfigError
 from train.flops import peak_flops
 from train.metrics import MetricLogger, dumps
 from train.nonfinite import NonfiniteGuard
@@ -72,7 +70,7 @@ def train(cfg, mesh) -> dict:
     )
     step_fn = jit_lib.jit_train_step(task)
     config_dict = OmegaConf.to_container(cfg, resolve=True)
-    logger = MetricLogger(run_dir, cfg, cfg.run.name, config_dict, stop)
+    logger = MetricLogger(run_dir, cfg, cfg.run.name, config_dict, stop, task.console_metrics)
     run = _Run(cfg, task, ckpt, logger, data_iter, step, meta)
     peak = peak_flops() * mesh.devices.size
     first = step
@@ -139,9 +137,6 @@ def _loop(run, state, step: int, stop: int, step_fn, clock, peak: float):
         evaluate, save = _due(cfg, task, step, stop, data_iter)
         if save:
             run.checkpoint(state, step, evaluate)
-        if step == _SIGKILL_AT:
-            _sigkill_self(run.ckpt, run.logger)
-        if save:
             clock.start(step)  # eval and checkpoint time is not step time
     if run.saved_at != step:  # the data ran out before `stop` (TRM drops partial batches)
         run.checkpoint(state, step, evaluate=True)
@@ -371,18 +366,6 @@ def check_resumable(cfg, meta: dict, where: str) -> None:
             "data position depend on these. Rerun with the saved values, or start a new run "
             "(another run.name)"
         )
-
-
-# Test hook (the kill-and-resume tests in tests/test_train_gpt.py and tests/test_train_trm.py):
-# the process kills ITSELF with SIGKILL at this step, i.e. no clean exit, no atexit handlers, no
-# final checkpoint; only already-committed checkpoints survive.
-_SIGKILL_AT = int(os.environ.get("TRAIN_TEST_SIGKILL_AT_STEP", "-1"))
-
-
-def _sigkill_self(ckpt, logger):
-    ckpt.wait()  # let the in-flight async save commit, so the test knows which step resumes
-    logger.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _jsonable(d):
