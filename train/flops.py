@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import time
 
-from models.gpt.train_step import get_num_params
+from models.gpt.modeling import abstract_gpt
 from models.trm.config import TRMConfig, swiglu_intermediate
 
 # ----------------------------------------------------------------------------------------------
@@ -115,12 +115,13 @@ def peak_flops(device=None) -> float:
 
 
 def gpt_flops_per_token(config) -> int:
-    """nanoGPT's `estimate_mfu` cost: 6·N + 12·L·H·Q·T, N = get_num_params() (without wpe),
+    """nanoGPT's `estimate_mfu` cost: 6·N + 12·L·H·Q·T, N = GPT.get_num_params() (without wpe),
     T = block_size. `config`: a GPTConfig or a GPT."""
-    config = getattr(config, "config", config)
+    model = config if hasattr(config, "get_num_params") else abstract_gpt(config)
+    config = model.config
     L, H, T = config.n_layer, config.n_head, config.block_size
     Q = config.n_embd // H
-    return 6 * get_num_params(config) + 12 * L * H * Q * T
+    return 6 * model.get_num_params() + 12 * L * H * Q * T
 
 
 def gpt_flops_per_step(config, batch_size: int, grad_accum: int = 1) -> int:

@@ -305,8 +305,10 @@ class GPT(nnx.Module):
         self.wpe.embedding = nnx.Param(self.wpe.embedding[...][:block_size])
 
 
-def crop_block_size(model: GPT, block_size: int) -> None:
-    model.crop_block_size(block_size)
+def abstract_gpt(config: GPTConfig) -> GPT:
+    """The model `config` describes with ShapeDtypeStructs for arrays (nnx.eval_shape: traced,
+    nothing allocated or drawn): its structure and sizes, e.g. `abstract_gpt(c).get_num_params()`."""
+    return nnx.eval_shape(lambda: GPT(config, rngs=nnx.Rngs(0)))
 
 
 def cross_entropy(logits_btv, targets_bt, dtype=jnp.float32):

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from models.gpt.modeling import GPT, GPTConfig
+from models.gpt.modeling import GPT, GPTConfig, abstract_gpt
 from models.state_dict import (
     COMPILE_PREFIX,
     StateDictError,
@@ -146,7 +146,7 @@ def _abstract_gpt(config: GPTConfig):
     GPT(config, rngs) run eagerly draws every initial weight op by op: seconds per new set of
     shapes (each op compiles for it), all of it then overwritten. eval_shape only traces.
     """
-    return nnx.split(nnx.eval_shape(lambda: GPT(config, rngs=nnx.Rngs(0))))
+    return nnx.split(abstract_gpt(config))
 
 
 def _fork_dropout_streams(model: GPT, rngs: nnx.Rngs) -> None:

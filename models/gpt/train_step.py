@@ -24,7 +24,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from models.gpt.modeling import GPT, GPTConfig
+from models.gpt.modeling import GPT
 
 
 def get_lr(it, *, learning_rate, warmup_iters, lr_decay_iters, min_lr):
@@ -152,20 +152,3 @@ def train_step(graphdef, state, batch: dict, *, grad_clip: float = 1.0, lr=None)
     if lr is not None:
         metrics["lr"] = jnp.asarray(lr(it), jnp.float32)
     return nnx.state((model, optimizer)), metrics
-
-
-def _config(config_or_model) -> GPTConfig:
-    return config_or_model.config if isinstance(config_or_model, GPT) else config_or_model
-
-
-def get_num_params(config: GPTConfig | GPT, non_embedding: bool = True) -> int:
-    """GPT.get_num_params from the config alone (no arrays): tied wte once, minus wpe if asked.
-
-    Accepts a GPTConfig or a GPT (whose config is used)."""
-    config = _config(config)
-    C, L, b = config.n_embd, config.n_layer, int(config.bias)
-    ln = C * (1 + b)
-    per_layer = 2 * ln + (3 * C * C + b * 3 * C) + (C * C + b * C)
-    per_layer += (4 * C * C + b * 4 * C) + (4 * C * C + b * C)
-    n = config.vocab_size * C + config.block_size * C + L * per_layer + ln
-    return n - config.block_size * C if non_embedding else n
