@@ -172,8 +172,9 @@ def test_no_checkpoint_restores_prints_nothing_after_its_error(text_dir, tmp_pat
     """Every checkpoint damaged: two damage warnings naming the cause and the one-line error, and
     nothing after it. A failed Orbax restore leaves its other reads pending; finalized later in
     the same process (a notebook, a test session) each printed its TensorStore spec or "Event loop
-    is closed", ~3,000 lines in the test log (train/checkpoint.py _drop_abandoned_reads, trap 26
-    of docs/training.md). The command line shows the same run as four lines."""
+    is closed", ~3,000 lines in the test log (train/checkpoint.py _drop_abandoned_reads;
+    docs/training.md, "A failed Orbax restore leaves its other reads running"). The command line
+    shows the same run as four lines."""
     args, ckpts = _first_run(text_dir, str(tmp_path))
     for step in ("3", "6"):
         _damage(_target(os.path.join(ckpts, step), "ocdbt-data"), "zero")

@@ -236,7 +236,7 @@ def _main(*args: str, env_extra=None, drop=("JAX_PLATFORMS",), timeout: float = 
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-# libtpu's probe lines on a machine without a TPU (docs/training.md, trap on TPU-probe noise)
+# libtpu's probe lines on a machine without a TPU (docs/training.md, "Setting JAX_PLATFORMS in os.environ after import jax does nothing")
 _TPU_NOISE = ("libtpu", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "InitGoogle", "E0000")
 
 

@@ -7,7 +7,7 @@
 The family's `train_step(state, batch) -> (state, metrics)` is a PURE function of pytrees:
 `nnx.merge(graphdef, state)` at the top, the model's own step, `nnx.split` / `nnx.state` at the end
 (MaxText's shape). Nothing is mutated across the jit boundary, so nothing is lost (jax.jit does not
-propagate NNX in-place mutation; docs/training.md, "jit does not propagate NNX mutation"). The
+propagate NNX in-place mutation; docs/training.md, "jax.jit does not propagate NNX in-place mutation"). The
 state argument is donated: XLA reuses its buffers for the new state, so params + optimizer state
 exist once in device memory.
 """

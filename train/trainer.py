@@ -353,7 +353,7 @@ def check_resumable(cfg, meta: dict, where: str) -> None:
 
     Without it the failure surfaces deep inside the restore (the data iterator refusing its state,
     or a carry shape mismatch); a changed batch size between a run and its rerun is an easy mistake
-    (docs/training.md, trap "resume with another batch size").
+    (docs/training.md, "A rerun with another batch size cannot resume").
     """
     saved = meta.get("resume") or {}  # checkpoints written before this check have none
     now = resume_settings(cfg)

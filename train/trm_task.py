@@ -279,7 +279,7 @@ class TRMTask(Task):
                 raise ConfigError(
                     f"--data {mine} differs from the run's {theirs}: puzzle identifiers index "
                     "the trained puzzle embeddings, so evaluate on the data set the run was "
-                    'trained with (docs/evaluation.md, "ARC puzzle identifiers")'
+                    'trained with (docs/evaluation.md, "ARC puzzle identifiers index the trained puzzle embeddings")'
                 )
 
     def batch_shapes(self, batch_size: int | None = None):

@@ -454,6 +454,6 @@ class TinyRecursiveReasoningModel_ACTV1(nnx.Module):  # upstream's name
         return new_carry, outputs
 
 
-# The public names of earlier issues (models.trm.TRM / TRMCarry)
+# Short names for upstream's long class names (models.trm.TRM / TRMCarry)
 TRM = TinyRecursiveReasoningModel_ACTV1
 TRMCarry = TinyRecursiveReasoningModel_ACTV1Carry

@@ -139,7 +139,7 @@ class Attention(nn.Module):
         )
         if cos_sin is not None:
             q_blnh, k_bsnh = apply_rotary_pos_emb(q_blnh, k_bsnh, *cos_sin)
-        # SDPA wants B N L H
+        # SDPA wants B N L H (upstream: einops.rearrange; docs/architecture.md, "Why these shapes")
         out_bnlh = F.scaled_dot_product_attention(
             q_blnh.transpose(1, 2), k_bsnh.transpose(1, 2), v_bsnh.transpose(1, 2), is_causal=False
         )
