@@ -101,6 +101,9 @@ def load_file(path: str | os.PathLike) -> dict:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
+        if "Unsupported global" not in str(e):  # no pickled code: not a checkpoint at all
+            why = " ".join(str(e).split("WeightsUnpickler error:")[-1].split()[:8])
+            raise ValueError(f"{path} is not a torch checkpoint ({why})") from e
         raise UnsafeCheckpointError(
             f"refusing to load {path}: it contains pickled Python objects beyond tensors and plain "
             f"containers, and loading it would execute code (torch.load weights_only=True said: "

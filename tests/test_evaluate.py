@@ -11,6 +11,7 @@ import shutil
 
 import numpy as np
 import pytest
+import yaml
 
 from data.puzzle_format import load_split
 from parity.compare import EXACT, assert_close
@@ -69,6 +70,25 @@ def test_run_directory_gives_the_trainers_eval_exactly(run):
     assert latest["mean_steps"] == 4.0
     # the steps differ from one another (the curve is per step, not one number repeated)
     assert len(set(ps["token_accuracy"])) > 1, ps
+
+
+@pytest.mark.slow
+def test_a_run_whose_data_set_moved_evaluates_on_data(run, tmp_path):
+    """config.yaml records the data set's sizes (seq_len, vocabulary, puzzle identifiers): a run
+    whose data.path is gone opens from it alone, and --data gives the trainer's numbers; without
+    --data the one line says what to pass."""
+    run_dir, data, _ = run
+    with open(os.path.join(run_dir, "config.yaml")) as f:
+        saved = yaml.safe_load(f)
+    assert {k: saved["data"][k] for k in ("seq_len", "vocab_size", "num_puzzle_identifiers")} == {
+        "seq_len": 81, "vocab_size": 11, "num_puzzle_identifiers": 1}  # fmt: skip
+    moved = str(tmp_path / "run")
+    shutil.copytree(run_dir, moved)
+    saved["data"]["path"] = str(tmp_path / "gone")
+    with open(os.path.join(moved, "config.yaml"), "w") as f:
+        yaml.safe_dump(saved, f)
+    _same("moved run + --data", evaluate(moved, data=data)["metrics"], _logged_evals(run_dir)[4])
+    assert "is not on disk; pass --data PATH" in _one_line_error(None, [moved])
 
 
 @pytest.mark.slow
