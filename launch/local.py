@@ -27,6 +27,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+from train.preemption import EXIT_PREEMPTED
+
 
 def free_port() -> int:
     """A TCP port that is free now on 127.0.0.1 (each test/run gets its own coordinator)."""
@@ -122,7 +124,8 @@ def run_processes(
     Each output is read by a thread as it comes (and, with `echo`, written to stdout with a
     `[pN] ` prefix when there are several), so a chatty process never blocks on a full pipe. When
     one process fails the others are terminated, and killed 10 s later: a survivor would wait
-    forever in its next collective.
+    forever in its next collective. Ctrl-C lets every process save the step it reached and exit
+    (train/preemption.py); a second Ctrl-C kills them.
     """
     procs, outputs = [], [[] for _ in range(processes)]
     for env in process_envs(dict(os.environ), processes, cpu_devices, platform):
@@ -146,21 +149,19 @@ def run_processes(
     ]
     for t in pumps:
         t.start()
-    status, start, kill_at = 0, time.monotonic(), None
+    status, start, kill_at, interrupted = 0, time.monotonic(), None, False
+    remaining = list(procs)
     try:
-        remaining = list(procs)
         while remaining:
-            for p in list(remaining):
-                try:
-                    code = p.wait(timeout=0.2)
-                except subprocess.TimeoutExpired:
-                    continue
-                remaining.remove(p)
-                if code != 0 and status == 0:
-                    status = code
-                    for other in remaining:  # a lone survivor would hang in its next collective
-                        other.terminate()
-                    kill_at = time.monotonic() + 10
+            try:
+                status, kill_at = _reap(remaining, status, kill_at)
+            except KeyboardInterrupt:  # Ctrl-C reached the trainers too: they save, then exit
+                if interrupted:
+                    raise
+                interrupted = True
+                print("launch.local: waiting for every process to save its step and exit "
+                      "(Ctrl-C again kills them)", file=sys.stderr)  # fmt: skip
+                continue
             now = time.monotonic()
             if remaining and timeout is not None and now - start > timeout:
                 status = status or 124
@@ -175,6 +176,25 @@ def run_processes(
         for t in pumps:
             t.join()
     return status, [(p.returncode, "".join(o)) for p, o in zip(procs, outputs)]
+
+
+def _reap(remaining: list, status: int, kill_at):
+    """Waits a moment for each process; -> (status, kill_at). A failed process has the others
+    terminated (a lone survivor would hang in its next collective); a preempted one (exit
+    EXIT_PREEMPTED) does not: the others stop at the same step by themselves."""
+    for p in list(remaining):
+        try:
+            code = p.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            continue
+        remaining.remove(p)
+        if code != 0 and status == 0:
+            status = code
+            if code != EXIT_PREEMPTED:
+                for other in remaining:
+                    other.terminate()
+                kill_at = time.monotonic() + 10
+    return status, kill_at
 
 
 def run(

@@ -7,7 +7,7 @@
     python -m launch.tpu logs    --project P --run-name R [--worker 0] [--follow]
     python -m launch.tpu collect --project P --run-name R      # copy every worker's log here
     python -m launch.tpu exec    --project P -- python -m data.sudoku ...   # any command, all workers
-    python -m launch.tpu stop    --project P --run-name R      # kill the run on every worker
+    python -m launch.tpu stop    --project P --run-name R      # save the step reached, exit
     python -m launch.tpu delete  --project P                   # delete the slice and its queue entry
 
 Every step is a pure function from settings to a list of argv lists (`*_commands`); `main` either
@@ -454,19 +454,40 @@ def exec_commands(target: Target, *, argv: Sequence[str], worker: str = "all") -
     return [_ssh(target, script, worker=worker)]
 
 
-def stop_commands(target: Target, *, run_name: str) -> list[list[str]]:
-    """SIGTERM the run's process on every worker (only the pids this launcher recorded)."""
-    _check_run_name(run_name)
-    script = "\n".join(
+STOP_WAIT_S = 600  # how long `stop` waits for a trainer to save its step and exit
+
+
+def stop_script(*, run_name: str, wait_s: int = STOP_WAIT_S) -> str:
+    """SIGTERM the run's trainer on one worker (only a pid this launcher recorded), then wait
+    until it has saved the step it reached and exited (train/preemption.py), and say which step.
+
+    Every worker gets the signal at once; the trainers agree on one step among themselves. A
+    trainer still running after `wait_s` keeps its pid file, so `run` still refuses a second copy.
+    """
+    log_dir = _log_dir(run_name)
+    return "\n".join(
         [
-            f"for f in {_log_dir(run_name)}/worker-*.pid; do",
+            f"for f in {log_dir}/worker-*.pid; do",
             '  [ -f "$f" ] || continue',
-            '  kill "$(cat "$f")" 2>/dev/null && echo "stopped pid $(cat "$f")" || true',
-            '  rm -f "$f"',
+            '  pid=$(cat "$f"); log="${f%.pid}.log"',
+            '  if ! kill -TERM "$pid" 2>/dev/null; then rm -f "$f"; continue; fi',
+            '  echo "pid $pid: stopping (it saves the step it reached first)"',
+            f'  for _ in $(seq {int(wait_s)}); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done',
+            '  if kill -0 "$pid" 2>/dev/null; then',
+            f'    echo "pid $pid still running after {int(wait_s)} s; see $log" >&2',
+            "  else",
+            '    echo "pid $pid saved and exited: $(grep -a "^preempted at step" "$log" | tail -n 1)"',
+            '    rm -f "$f"',
+            "  fi",
             "done",
         ]
     )
-    return [_ssh(target, script)]
+
+
+def stop_commands(target: Target, *, run_name: str) -> list[list[str]]:
+    """Stop the run on every worker: each saves the step they agree on, then exits."""
+    _check_run_name(run_name)
+    return [_ssh(target, stop_script(run_name=run_name))]
 
 
 def _check_worker(target: Target, worker: str) -> None:

@@ -5,6 +5,7 @@ it, and the `python -m train.main` processes the tests start get their data buil
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -175,22 +176,37 @@ def run_local(cmd: list[str], *, processes: int, cpu_devices: int, timeout: floa
 
 
 def run_and_signal(
-    args: list[str], *, when, sig=signal.SIGKILL, env=None, timeout: float = 300, poll=0.002
+    args: list[str],
+    *,
+    when,
+    sig=signal.SIGKILL,
+    repeat_after: float | None = None,
+    env=None,
+    timeout: float = 600,
+    poll: float = 0.002,
 ) -> tuple[int, str]:
-    """`python -m train.main *args` in a subprocess; sends `sig` as soon as `when()` is true (it
-    is polled every `poll` seconds), then waits for the process: -> (returncode, output). The
-    signal comes from outside, at whatever point the run has reached, as a preemption or a
-    kill -9 does; `when()` never true: the run ends by itself."""
+    """`python -m train.main *args` in a subprocess; sends `sig` as soon as `when(output so far)`
+    is true (polled every `poll` seconds; `repeat_after`: once more that many seconds later), then
+    waits for the process: -> (returncode, output). The signal comes from outside, at whatever
+    point the run has reached, as a preemption or a kill -9 does; `when=None`: no signal."""
     cmd = [sys.executable, "-m", "train.main", *args]
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(
             cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, text=True
         )
+
+        def output() -> str:
+            out.seek(0)
+            return out.read()
+
         deadline = time.monotonic() + timeout
         try:
-            while proc.poll() is None and time.monotonic() < deadline:
-                if when():
+            while when is not None and proc.poll() is None and time.monotonic() < deadline:
+                if when(output()):
                     proc.send_signal(sig)
+                    if repeat_after is not None:
+                        time.sleep(repeat_after)
+                        proc.send_signal(sig)
                     break
                 time.sleep(poll)
             proc.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -198,11 +214,27 @@ def run_and_signal(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        out.seek(0)
-        return proc.returncode, out.read()
+        return proc.returncode, output()
 
 
 def checkpoint_exists(run_dir: str, step: int):
     """A `when` for run_and_signal: the run has committed checkpoint `step` (Orbax renames the
     step's temporary directory to `<step>` only once every item is written)."""
-    return lambda: os.path.isdir(os.path.join(run_dir, "checkpoints", str(step)))
+    return lambda _output: os.path.isdir(os.path.join(run_dir, "checkpoints", str(step)))
+
+
+def logged_steps(run_dir: str) -> list[int]:
+    """The steps <run_dir>/metrics.jsonl has train metrics of, sorted, a step logged twice listed
+    twice ([] before the file exists)."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        lines = f.read().splitlines()
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:  # the line being written right now
+            continue
+    return sorted(r["step"] for r in records if any(k.startswith("train/") for k in r))

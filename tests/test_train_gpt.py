@@ -70,10 +70,10 @@ def test_gpt_kill_and_resume_is_bit_identical(text_dir, tmp_path):
     _run(tiny_gpt_overrides(text_dir, out, "straight", steps=30) + steps, 8)
     args = tiny_gpt_overrides(text_dir, out, "killed", steps=30) + steps + ["checkpoint.interval=3"]
     run_dir = os.path.join(out, "killed")
-    rc, log = run_and_signal(args, when=checkpoint_exists(run_dir, 3))
+    rc, log = run_and_signal(args, when=checkpoint_exists(run_dir, 3), sig=signal.SIGKILL)
     assert rc == -signal.SIGKILL, log[-3000:]
     assert not os.path.exists(os.path.join(run_dir, "final.json")), "the run finished first"
-    rc, log = run_and_signal(args, when=lambda: False)
+    rc, log = run_and_signal(args, when=None)
     assert rc == 0, log[-3000:]
     resumed_at = re.search(r"resumed \S+ from step (\d+)", log)
     assert resumed_at and 3 <= int(resumed_at.group(1)) < 30, log[-2000:]

@@ -74,13 +74,13 @@ def test_trm_kill_and_resume_is_bit_identical(sudoku_dir, tmp_path):
     def args(name):
         return tiny_trm_overrides(sudoku_dir, out, name, epochs=12) + ["checkpoint.interval=3"]
 
-    rc, log = run_and_signal(args("straight"), when=lambda: False)
+    rc, log = run_and_signal(args("straight"), when=None)
     assert rc == 0, log[-3000:]
     run_dir = os.path.join(out, "killed")
-    rc, log = run_and_signal(args("killed"), when=checkpoint_exists(run_dir, 3))
+    rc, log = run_and_signal(args("killed"), when=checkpoint_exists(run_dir, 3), sig=signal.SIGKILL)
     assert rc == -signal.SIGKILL, log[-3000:]
     assert not os.path.exists(os.path.join(run_dir, "final.json")), "the run finished first"
-    rc, log = run_and_signal(args("killed"), when=lambda: False)
+    rc, log = run_and_signal(args("killed"), when=None)
     assert rc == 0 and "resumed" in log, log[-3000:]
     for key in ("train/lm_loss", "train/q_halt_loss", "train/steps"):
         straight, resumed = (

@@ -35,6 +35,7 @@ from train.distributed import initialize, quiet_tpu_probe
 from train.errors import ConfigError, exit_with
 from train.mesh import make_mesh
 from train.nonfinite import NonfiniteError
+from train.preemption import EXIT_PREEMPTED, Preempted
 from train.trainer import train
 
 _MULTIRUN = ("-m", "--multirun")
@@ -86,6 +87,9 @@ def run(cfg) -> dict:
             log_compilation_cache_stats()  # hits / misses of this process
     except (ConfigError, NonfiniteError) as e:  # NonfiniteError: trainer.on_nonfinite=stop
         exit_with(e)  # exit status 1, no traceback: it is the user's input
+    except Preempted as e:  # SIGTERM / SIGINT: the step reached is committed
+        print(e, file=sys.stderr, flush=True)
+        sys.exit(EXIT_PREEMPTED)
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")

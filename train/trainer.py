@@ -1,7 +1,7 @@
 """The training loop, shared by both model families: read top to bottom.
 
-    state = init or restore  ->  for step: batch -> jitted step (donated state) -> log one step
-    late -> eval / checkpoint when due  ->  final eval + checkpoint
+    state = init or restore  ->  for step: stop requested? save + exit -> batch -> jitted step
+    (donated state) -> log one step late -> eval / checkpoint when due  ->  final eval + checkpoint
 
 The loop reaches a model family only through the hooks of train/task.py. Nothing in the loop
 waits on the device except evaluation and checkpointing (both by design); metrics of step N are
@@ -27,8 +27,10 @@ from train import mesh as mesh_lib
 from train.checkpoint import Checkpointer
 from train.errors import ConfigError
 from train.flops import peak_flops
-from train.metrics import MetricLogger, dumps
+from train.goodput import Goodput, summary
+from train.metrics import MetricLogger, dumps, read_jsonl
 from train.nonfinite import NonfiniteGuard
+from train.preemption import Preempted, Preemption
 
 log = logging.getLogger(__name__)
 
@@ -42,27 +44,23 @@ def train(cfg, mesh) -> dict:
     """Runs (or resumes) the experiment `cfg` on `mesh`; returns the last logged metrics.
 
     Raises train.nonfinite.NonfiniteError when a step's loss or gradient norm is not finite and
-    trainer.on_nonfinite=stop (checkpoints up to the last good step are committed first)."""
-    clock = StepClock()
+    trainer.on_nonfinite=stop (checkpoints up to the last good step are committed first), and
+    train.preemption.Preempted after a SIGTERM / SIGINT, once the step reached is committed."""
+    with Preemption() as preemption:  # from the start: a signal during startup stops cleanly
+        return _train(cfg, mesh, preemption)
+
+
+def _train(cfg, mesh, preemption) -> dict:
+    goodput, clock = Goodput(), StepClock()
     run_dir = run_dir_of(cfg)
-    batch = {"trainer.global_batch_size": int(cfg.trainer.global_batch_size)}
-    mesh_lib.check_batch_divisible(mesh, cfg.mesh.rules, batch)  # not JAX's sharding error
-    _check_init_from(cfg)
-    families.enable_x64_if_needed(cfg)  # before anything is traced (TRM: float64 stablemax loss)
-    task = families.make_task(cfg, mesh)
-    task.validate_data()  # a broken split or vocab fails here, not at the first evaluation
-    _write_config(cfg, run_dir)
-    ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint)
-    try:
-        data_iter = task.train_iterator()
-        state, step, meta = _init_or_restore(cfg, task, ckpt, data_iter, run_dir)
-    except BaseException:
-        ckpt.close()  # an open manager left to the interpreter's exit floods the log
-        raise
+    with goodput.measure("startup"):
+        task, ckpt, data_iter, state, step, meta = _start(cfg, mesh, run_dir)
     stop = min(task.total_steps, cfg.trainer.max_steps or task.total_steps)
     if step >= stop:  # a finished run started again: nothing to do, its results stay
         ckpt.close()
         return _already_finished(run_dir, step)
+    if step:
+        goodput.resumed(meta.get("goodput"), _steps_logged_after(run_dir, step))
     log.info(
         "run directory %s: config.yaml, metrics.jsonl, final.json; checkpoints in %s",
         run_dir,
@@ -71,22 +69,55 @@ def train(cfg, mesh) -> dict:
     step_fn = jit_lib.jit_train_step(task)
     config_dict = OmegaConf.to_container(cfg, resolve=True)
     logger = MetricLogger(run_dir, cfg, cfg.run.name, config_dict, stop, task.console_metrics)
-    run = _Run(cfg, task, ckpt, logger, data_iter, step, meta)
+    run = _Run(cfg, task, ckpt, logger, data_iter, step, meta, goodput, preemption)
     peak = peak_flops() * mesh.devices.size
     first = step
     try:
         with jax.set_mesh(mesh):
             state, step = _loop(run, state, step, stop, step_fn, clock, peak)
-    finally:  # also on NonfiniteError: commit the good checkpoints, write the logged metrics
-        ckpt.close()
+    finally:  # also on NonfiniteError / Preempted: commit the checkpoints, write the metrics
+        with goodput.measure("checkpoint"):
+            ckpt.close()
         logger.close()
     if step == first and first > 0:  # TRM: the restored data iterator had no batch left
         return _already_finished(run_dir, step)
-    final = {"step": step, **_jsonable(run.last), **run.guard.final()}
+    totals = goodput.totals()
+    final = {"step": step, **_jsonable(run.last), **run.guard.final(), "goodput": totals}
     if jax.process_index() == 0:
         (run_dir / "final.json").write_text(dumps(final))
     log.info("%s", summary_line(cfg, run_dir, ckpt, step, run.best, run.best_step))
+    log.info("time: %s", summary(totals))
     return {"step": step, **run.last}
+
+
+def _start(cfg, mesh, run_dir):
+    """Everything before the first step: checks, the task, config.yaml, the checkpointer, the
+    data iterator and the state (restored, or new) -> (task, ckpt, data_iter, state, step, meta)."""
+    batch = {"trainer.global_batch_size": int(cfg.trainer.global_batch_size)}
+    mesh_lib.check_batch_divisible(mesh, cfg.mesh.rules, batch)  # not JAX's sharding error
+    _check_init_from(cfg)
+    families.enable_x64_if_needed(cfg)  # before anything is traced (TRM: float64 stablemax loss)
+    task = families.make_task(cfg, mesh)
+    task.validate_data()  # a broken split or vocab fails here, not at the first evaluation
+    _write_config(cfg, run_dir)  # after make_task: it holds the sizes the data set gave
+    ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint)
+    try:
+        data_iter = task.train_iterator()
+        state, step, meta = _init_or_restore(cfg, task, ckpt, data_iter, run_dir)
+    except BaseException:
+        ckpt.close()  # an open manager left to the interpreter's exit floods the log
+        raise
+    return task, ckpt, data_iter, state, step, meta
+
+
+def _steps_logged_after(run_dir, step: int) -> int:
+    """Steps the previous process logged after the checkpoint `step` it is resumed from: they are
+    trained again (0 after a preemption, which saves the step it reached)."""
+    path = run_dir / "metrics.jsonl"
+    if jax.process_index() != 0 or not path.exists():
+        return 0
+    logged = [r["step"] for r in read_jsonl(path) if any(k.startswith("train/") for k in r)]
+    return max([s - step for s in logged if s > step], default=0)
 
 
 def _already_finished(run_dir, step: int) -> dict:
@@ -117,23 +148,30 @@ def summary_line(cfg, run_dir, ckpt, step: int, best, best_step) -> str:
 
 
 def _loop(run, state, step: int, stop: int, step_fn, clock, peak: float):
-    """Steps until `stop` (or the data ends): -> (state, step). Evaluates and saves when due."""
+    """Steps until `stop` (or the data ends): -> (state, step). Evaluates and saves when due;
+    saves and raises Preempted when a stop is requested."""
     cfg, task, data_iter = run.cfg, run.task, run.data_iter
     if cfg.trainer.eval_at_start and step == 0:
         run.evaluate(state, 0)
     clock.start(step)
+    unlogged = None  # the metrics of the last step when they were not logged
     while step < stop:
-        local = next(data_iter, None)
-        if local is None:  # TRM: upstream's epochs / eval_interval iterations are done
+        if run.preemption.due(step):  # every process agrees on this step
+            run.preempt(state, step, unlogged)
+        with run.goodput.measure("data"):
+            local = next(data_iter, None)
+            batch = None if local is None else task.to_global(local)
+        if batch is None:  # TRM: upstream's epochs / eval_interval iterations are done
             break
-        state, metrics = step_fn(state, task.to_global(local))  # async: returns at once
+        state, metrics = _step(run, step_fn, state, batch, clock, step + 1)
         step += 1
-        clock.dispatched(step, metrics)
         run.guard.watch(step, metrics)  # acts on step - 1's nonfinite flag (already computed)
+        unlogged = metrics
         if _log_due(cfg, step, stop):
             device = {f"train/{k}": v for k, v in metrics.items()}
             host = {**_throughput(task, clock.lap(), peak), **run.guard.host_metrics()}
             run.logger.push(step, device, host)
+            unlogged = None
         evaluate, save = _due(cfg, task, step, stop, data_iter)
         if save:
             run.checkpoint(state, step, evaluate)
@@ -143,6 +181,16 @@ def _loop(run, state, step: int, stop: int, step_fn, clock, peak: float):
     run.guard.check_pending()
     run.logger.flush()
     return state, step
+
+
+def _step(run, step_fn, state, batch, clock, step: int):
+    """One dispatched step (async), timed: the first of a process start counts as compile."""
+    phase = "steps" if clock.compiled else "compile"
+    with run.goodput.measure(phase):
+        state, metrics = step_fn(state, batch)
+        clock.dispatched(step, metrics)  # waits for step - 1 (the first step: for itself)
+    run.goodput.steps_timed += phase == "steps"
+    return state, metrics
 
 
 def _write_config(cfg, run_dir) -> None:
@@ -266,9 +314,10 @@ class _Run:
     """What the loop's evaluations and checkpoints share: the task, the checkpointer, the logger,
     the data iterator (saved with the state) and the results so far."""
 
-    def __init__(self, cfg, task, ckpt, logger, data_iter, step: int, meta: dict):
+    def __init__(self, cfg, task, ckpt, logger, data_iter, step, meta, goodput, preemption):  # fmt: skip
         self.cfg, self.task, self.data_iter = cfg, task, data_iter
         self.ckpt, self.logger = ckpt, logger
+        self.goodput, self.preemption = goodput, preemption
         self.best = meta.get("best")  # best value of checkpoint.best_metric so far (checkpointed)
         self.best_step = meta.get("best_step")  # its step (checkpointed with it)
         self.last = {}  # the last value of every eval metric (returned, final.json)
@@ -292,8 +341,28 @@ class _Run:
         self.guard.check_pending()
         self.save(state, step, self.evaluate(state, step) if evaluate else None)
 
+    def preempt(self, state, step: int, unlogged=None):
+        """Logs `step`'s metrics (`unlogged`, when its step was no logging step), saves it
+        (unless it is saved already), waits until it is committed, and raises Preempted. A step
+        with a non-finite flag is never saved: stop mode raises here."""
+        if unlogged is not None:
+            self.logger.push(step, {f"train/{k}": v for k, v in unlogged.items()})
+        self.guard.check_pending()
+        if self.saved_at != step:
+            self.save(state, step)
+        self.logger.flush()
+        with self.goodput.measure("checkpoint"):
+            self.ckpt.wait()
+        if not self.cfg.checkpoint.enabled:
+            raise Preempted(step, None, "nothing saved (checkpoint.enabled=false)")
+        latest = self.ckpt.latest_step()
+        if latest is None:
+            raise Preempted(step, None, "nothing trained yet, nothing saved")
+        raise Preempted(step, str(self.ckpt.directory / str(latest)))
+
     def evaluate(self, state, step: int) -> dict:
-        metrics = self.task.evaluate(state, step)
+        with self.goodput.measure("eval"):
+            metrics = self.task.evaluate(state, step)
         if metrics:
             self.logger.write_now(step, metrics)
             best = _best(self.cfg.checkpoint, self.best, metrics)
@@ -312,20 +381,18 @@ class _Run:
             for k, v in (metrics or {}).items()
             if isinstance(v, float | int) and math.isfinite(v)  # Orbax writes them as JSON
         }
-        self.ckpt.save(
-            step,
-            state,
-            self.data_iter,
-            meta={
-                "step": step,
-                "best": self.best,
-                "best_step": self.best_step,
-                "resume": resume_settings(self.cfg),
-                "nonfinite_skipped": self.guard.skipped,
-            },
-            metrics=numeric or None,
-            force=True,
-        )
+        meta = {
+            "step": step,
+            "best": self.best,
+            "best_step": self.best_step,
+            "resume": resume_settings(self.cfg),
+            "nonfinite_skipped": self.guard.skipped,
+            "goodput": self.goodput.totals(),  # a resumed run adds to these
+        }
+        with self.goodput.measure("checkpoint"):
+            self.ckpt.save(
+                step, state, self.data_iter, meta=meta, metrics=numeric or None, force=True
+            )
         self.logger.sync()  # metrics up to a checkpoint survive with it (gs://: one rewrite)
 
 
