@@ -84,7 +84,8 @@ def _trm_fails_before_step_1(data_dir, out) -> str:
 
 @pytest.mark.parametrize("how", ["truncated_inputs", "missing_labels", "vocab_beyond_model"])
 def test_broken_trm_test_split_fails_before_step_1(sudoku_dir, tmp_path, how):
-    """A corrupt test split used to surface at the first evaluation, after a whole iteration."""
+    """A corrupt test split fails before step 1, not at the first evaluation after a whole
+    iteration."""
     import json
 
     data = str(tmp_path / "data")

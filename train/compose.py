@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, OmegaConfBaseException
 
 from train import config as config_lib
-from train.errors import ConfigError
+from train.errors import ConfigError, one_line
 from train.families import task_class
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -56,7 +56,7 @@ def composition_error(e: BaseException) -> str:
             section, name = key.rsplit(".", 1)
             known = {f.name for f in dataclasses.fields(cls)}
             return config_lib.unknown_keys_message(section, [name], known, cls.__name__)
-    top = " ".join(str(e).split())
+    top = one_line(e, limit=10_000)
     if root is e:
         return f"config error: {top}"
     return f"config error: {top}: {f'{key}: ' if key else ''}{reason}"

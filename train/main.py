@@ -32,7 +32,7 @@ from train import config as config_lib
 from train.compilation_cache import log_compilation_cache_stats, setup_compilation_cache
 from train.compose import CONFIG_DIR, load_config, validate
 from train.distributed import initialize, quiet_tpu_probe
-from train.errors import ConfigError, exit_with
+from train.errors import ConfigError, exit_with, one_line
 from train.mesh import make_mesh
 from train.nonfinite import NonfiniteError
 from train.preemption import EXIT_PREEMPTED, Preempted
@@ -55,7 +55,7 @@ def sweep_jobs(args: list[str]) -> list[list[str]]:
     try:
         overrides = OverridesParser.create().parse_overrides(rest)
     except HydraException as e:  # OverrideParseException: a grammar error in an override
-        raise ConfigError(f"config error: {' '.join(str(e).split())}") from e
+        raise ConfigError(f"config error: {one_line(e)}") from e
     choices = {}  # key -> ["key=value", ...]; a key given twice keeps its last value
     for o in overrides:
         key = o.get_key_element()

@@ -25,6 +25,8 @@ import jax
 import numpy as np
 from etils import epath
 
+from train.errors import one_line
+
 log = logging.getLogger(__name__)
 
 
@@ -252,7 +254,7 @@ def init_wandb(mode: str, **kwargs):
                 settings = wandb.Settings(init_timeout=timeout)
                 return wandb.init(mode="online", settings=settings, **kwargs)
             except Exception as e:  # wandb raises its CommError, UsageError, or a timeout
-                reason = " ".join(str(e).split()) or type(e).__name__
+                reason = one_line(e)
                 wandb.teardown()  # else its service still holds the run id ("in use")
         log.warning(
             "wandb: cannot reach the server (%s); logging offline in %s (upload later with "

@@ -25,7 +25,7 @@ from train import families
 from train import jit as jit_lib
 from train import mesh as mesh_lib
 from train.checkpoint import Checkpointer
-from train.errors import ConfigError
+from train.errors import ConfigError, one_line
 from train.flops import peak_flops
 from train.goodput import Goodput, summary
 from train.metrics import MetricLogger, dumps, read_jsonl
@@ -232,7 +232,7 @@ def _import(task, state, path: str):
     try:
         return task.import_weights(state, path)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, pickle.UnpicklingError) as e:
-        reason = " ".join(str(e).split()) or type(e).__name__
+        reason = one_line(e)
         raise ConfigError(f"trainer.init_from={path!r}: cannot import it: {reason}") from e
 
 
