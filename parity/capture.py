@@ -223,9 +223,9 @@ def capture_torch(
 ) -> Capture:
     """Run `module(*args, **kwargs)` once with every module call recorded.
 
-    Autograd stays on even without `grads`: with it off, torch's inference fast paths
-    (nn.TransformerEncoderLayer, nn.MultiheadAttention in eval mode) compute the whole layer in
-    one fused kernel and the hooks of its submodules never fire. `context` wraps the call (e.g.
+    Autograd stays on even without `grads`, so a forward-only capture runs the same torch
+    kernels as one with gradients (with autograd off, nn.MultiheadAttention in eval mode may take
+    its fused inference kernel, 6e-7 away in float32). `context` wraps the call (e.g.
     `torch.autocast("cpu", dtype=torch.bfloat16)`). With `grads`, the gradient of every
     parameter under the seeded cotangent loss, keyed by `named_parameters()` name."""
     import torch
@@ -327,6 +327,26 @@ def _iter_modules(model):
     return nnx.iter_modules(model)
 
 
+def split_static(args: Sequence) -> tuple[list, Callable[[Sequence], tuple]]:
+    """(the array arguments, a function that puts arrays back among the others). Under jit
+    only arrays may be traced: a Python flag (need_weights=True) must stay a constant."""
+    positions = [i for i, a in enumerate(args) if isinstance(a, (np.ndarray,)) or _is_jax(a)]
+
+    def merge(arrays: Sequence) -> tuple:
+        full = list(args)
+        for i, a in zip(positions, arrays, strict=True):
+            full[i] = a
+        return tuple(full)
+
+    return [args[i] for i in positions], merge
+
+
+def _is_jax(x) -> bool:
+    import jax
+
+    return isinstance(x, jax.Array)
+
+
 def nnx_cotangent_loss(output, seed: int = 0):
     """The JAX twin of torch_cotangent_loss: the same R arrays (same seed), the same sum."""
     import jax.numpy as jnp
@@ -375,26 +395,27 @@ def capture_nnx(
 
     kwargs = dict(kwargs or {})
     meta: list[tuple[str, str, int]] = []
+    arrays, merge = split_static(tuple(args))
 
-    def run(model, args, kwargs):
+    def run(model, arrays, kwargs):
         with nnx_hooks(model, select=select, methods=methods, rename=rename) as calls:
-            out = model(*args, **kwargs)
+            out = model(*merge(arrays), **kwargs)
         meta[:] = [c.key for c in calls]
         return out, [(c.args, c.outputs) for c in calls]
 
     if grads:
 
-        def loss_fn(model, args, kwargs):
-            out, records = run(model, args, kwargs)
+        def loss_fn(model, arrays, kwargs):
+            out, records = run(model, arrays, kwargs)
             return nnx_cotangent_loss(out, seed), (out, records)
 
         fn = nnx.value_and_grad(loss_fn, has_aux=True)
         if jit:
             fn = nnx.jit(fn)
-        (loss, (out, records)), g = fn(model, tuple(args), kwargs)
+        (loss, (out, records)), g = fn(model, arrays, kwargs)
         g = {tuple(path): v.get_value() for path, v in nnx.to_flat_state(g)}
     else:
         fn = nnx.jit(run) if jit else run
-        (out, records), loss, g = fn(model, tuple(args), kwargs), None, None
+        (out, records), loss, g = fn(model, arrays, kwargs), None, None
     calls = [Call(p, m, i, a, o) for (p, m, i), (a, o) in zip(meta, records, strict=True)]
     return Capture(calls, _jax_leaves(out), loss, g, nnx_state(model))

@@ -40,6 +40,7 @@ from parity.check import (
     format_report,
 )
 from parity.compare import FLOAT32, FLOAT64
+from parity.envelope import perturbed_copies
 from parity.keymap import KeyMap, build_keymap, describe_torch
 
 TOLERANCES = {"float32": FLOAT32, "float64": FLOAT64}
@@ -178,22 +179,15 @@ def _diff(torch_factory, nnx_factory, dtype, grads, train, use_envelope, rename,
     port.train() if train else port.eval()
     km = build_keymap(described, port, rename=rename)
     loaded = km.to_torch(nnx_state(port))  # before the call: train mode moves the buffers
+    # the perturbed copies first: a train-mode call moves the reference's running statistics
+    copies = list(perturbed_copies(module, ENVELOPE_SEEDS)) if use_envelope else []
     ref = capture_torch(module, inputs, grads=grads)
     mine = capture_nnx(port, tuple(_to_jax(x) for x in inputs), grads=grads, jit=jit, rename=rename)
     tol = TOLERANCES[dtype]
-    env = {}
-    if use_envelope:
-        env = envelope(ref, list(_perturbed_captures(module, inputs, grads)))
+    env = envelope(ref, [capture_torch(m, inputs, grads=grads) for m in copies]) if copies else {}
     return _report(
         km, weights, loaded, described, ref, mine, tol, env, _dropout_note(module, train)
     )
-
-
-def _perturbed_captures(module, inputs, grads: bool):
-    from parity.envelope import perturbed_copies
-
-    for m in perturbed_copies(module, ENVELOPE_SEEDS):
-        yield capture_torch(m, inputs, grads=grads)
 
 
 def _report(

@@ -204,7 +204,7 @@ class KeyMap:
             value = _to_nnx_layout(to_numpy(state_dict[e.torch_key]), e.layout)
             if not np.issubdtype(value.dtype, np.floating) and value.dtype.name != "bfloat16":
                 value = value.astype(var.get_value().dtype)
-            var.set_value(jnp.asarray(np.ascontiguousarray(value)))
+            var.set_value(jnp.asarray(np.array(value)))  # a copy; 0-d stays 0-d
 
     def to_torch(self, flat: Mapping[tuple, object]) -> dict[str, np.ndarray]:
         """NNX arrays by path tuple (a model's state, or its gradients) -> torch keys and
