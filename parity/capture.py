@@ -77,13 +77,16 @@ def dotted(path: Iterable) -> str:
 
 
 def prefix_rename(prefixes: Mapping[str, str]) -> Rename:
-    """A `rename` that rewrites the first matching NNX path prefix (whole components only):
-    `prefix_rename({"h": "transformer.h"})` maps `h.0.attn` to `transformer.h.0.attn`. The model
+    """A `rename` that rewrites the longest matching NNX path prefix (whole components only):
+    `{"h": "transformer.h"}` maps `h.0.attn` to `transformer.h.0.attn`; the empty prefix matches
+    every path, so `{"": "transformer"}` puts every submodule under `transformer.`. The model
     itself ("") is never renamed."""
     items = sorted(prefixes.items(), key=lambda kv: -len(kv[0]))
 
     def rename(path: str) -> str:
         for old, new in items:
+            if old == "":
+                return f"{new}.{path}" if new else path
             if path == old or path.startswith(old + "."):
                 return new + path[len(old) :]
         return path

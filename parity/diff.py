@@ -14,7 +14,8 @@ must then be off, the two sides cannot draw the same masks). `--dtype float64` c
 module and the floating inputs to float64 before the port is built, with JAX's x64 on; the bound
 is FLOAT64 (float32: FLOAT32), or with `--envelope` 16 times the one-ulp envelope of torch's own
 run (parity/envelope.py). Module paths are torch's (`blocks.1.norm`); `--rename NNX=TORCH`
-rewrites a port path prefix that differs.
+rewrites a port path prefix that differs (`--rename =transformer`: every port path gains the
+prefix `transformer.`, as nanoGPT's flattened ModuleDict needs).
 
 Exit status: 0 when every compared tensor agrees, 1 when one differs (the last line is then
 `first divergent module: <path>`), 2 for bad arguments (one line saying what was expected).
@@ -273,7 +274,7 @@ def _parse_rename(items: Sequence[str]):
     pairs = {}
     for item in items:
         old, sep, new = item.partition("=")
-        if not sep or not old:
+        if not sep or not (old or new):
             raise UsageError(f"--rename {item!r}: expected NNX_PREFIX=TORCH_PREFIX")
         pairs[old] = new
     return prefix_rename(pairs) if pairs else None

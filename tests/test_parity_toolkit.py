@@ -352,3 +352,57 @@ def test_format_report_on_a_passing_run_names_no_module():
     text = format_report(report)
     assert report.passed and "first divergent" not in text
     assert text.endswith("every compared tensor agrees (5 rows)")  # 2 weights, 1 output, 2 grads
+
+
+# ------------------------------------------------------------------- this repository's ports
+
+
+def test_nanogpt_through_the_generic_diff():
+    """`python -m parity diff parity.report_gpt:torch_factory parity.report_gpt:nnx_factory
+    --rename =transformer --grads --dtype float64`: the port built by its own converter agrees
+    with torch in every module torch calls that the port has (gelu is inline, lm_head is the
+    tied wte), and in all 28 gradients, within FLOAT64."""
+    from parity import report_gpt
+
+    report = diff_cli.diff(
+        report_gpt.torch_factory, report_gpt.nnx_factory, dtype="float64", grads=True,
+        rename=prefix_rename({"": "transformer"}),
+    )  # fmt: skip
+    assert report.passed, format_report(report)
+    missing = [r.label for r in report.section("outputs") if r.passed is None]
+    assert missing == ["transformer.h.0.mlp.gelu", "transformer.h.1.mlp.gelu", "lm_head"]
+    assert len(report.section("grads")) == 28 and all(r.passed for r in report.section("grads"))
+
+
+def test_every_main_block_in_parity_comes_last():
+    """A module run with `python -m` executes its `if __name__ == "__main__":` block where it
+    stands: any function defined below it does not exist yet (report_trm's rollout raised
+    NameError that way). In every parity module the block is the last statement."""
+    import ast
+    import pathlib
+
+    late = []
+    for path in sorted(pathlib.Path(REPO, "parity").rglob("*.py")):
+        body = ast.parse(path.read_text()).body
+        for i, node in enumerate(body):
+            if (
+                isinstance(node, ast.If)
+                and "__main__" in ast.unparse(node.test)
+                and i < len(body) - 1
+            ):
+                late.append(f"{path.name}:{node.lineno}")
+    assert not late, late
+
+
+@pytest.mark.slow
+def test_trm_report_rollout_runs_as_a_module():
+    """`python -m parity.report_trm --rollout eval` runs its main after every helper it calls is
+    defined (a __main__ block above them raised NameError)."""
+    run = subprocess.run(
+        [sys.executable, "-m", "parity.report_trm", "--rollout", "eval", "--variant", "att",
+         "--L-cycles", "1"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    rows = [line.split() for line in run.stdout.splitlines() if line.split()[:1] == ["16"]]
+    assert rows and "FAIL" not in run.stdout
