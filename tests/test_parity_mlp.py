@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 from parity.check import format_report  # noqa: E402
 from parity.diff import diff  # noqa: E402
 from parity.keymap import load_torch, param_dtype  # noqa: E402
-from parity.steps import Adam, compare_steps  # noqa: E402
+from parity.steps import Adam, AdamW, compare_steps  # noqa: E402
 
 VOCAB, DIM, HIDDEN = 50, 16, 64
 
@@ -125,15 +125,18 @@ def test_tanh_gelu_is_named_where_the_activation_runs():
     assert "first divergent module: (root)" in format_report(report)
 
 
-def test_three_adam_steps_match_torch_float64(x64):
-    """Three Adam steps (torch.optim.Adam vs optax.adam) on the cotangent loss: every loss, and
-    every parameter after every step, within FLOAT64; dropout off (p=0) so train mode is
-    deterministic on both sides."""
+@pytest.mark.parametrize(
+    "opt", [Adam(lr=1e-2), AdamW(lr=1e-2, weight_decay=0.1)], ids=["Adam", "AdamW"]
+)
+def test_three_optimizer_steps_match_torch_float64(opt, x64):
+    """Three steps of torch.optim.Adam / AdamW and their optax twins (parity/steps.py) on the
+    cotangent loss: every loss, and every parameter after every step, within FLOAT64; dropout
+    off (p=0) so train mode is deterministic on both sides."""
     torch.manual_seed(0)
     module = TorchMLP(p=0.0).double()
     ids = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(1))
     port = load_torch(MLP(p=0.0, param_dtype="float64", rngs=nnx.Rngs(0)), module)
-    report = compare_steps(module, port, (ids,), Adam(lr=1e-2), steps=3)
+    report = compare_steps(module, port, (ids,), opt, steps=3)
     assert report.passed, format_report(report)
     assert len(report.rows) == 3 * (1 + 7)
     assert port.fc1.kernel[...].dtype == jnp.float64

@@ -374,6 +374,58 @@ def test_nanogpt_through_the_generic_diff():
     assert len(report.section("grads")) == 28 and all(r.passed for r in report.section("grads"))
 
 
+def _gpt_port_one_weight_off(torch_module):
+    """The nanoGPT port with element (0, 0) of h.1.mlp.c_fc's weight moved by 1e-3."""
+    from parity import report_gpt
+
+    port = report_gpt.nnx_factory(torch_module)
+    kernel = port.h[1].mlp.c_fc.kernel
+    kernel[...] = jnp.asarray(kernel[...]).at[0, 0].add(1e-3)
+    return port
+
+
+def test_one_weight_off_in_nanogpt_is_named():
+    """The weights section names the tensor (EXACT, worst index (0, 0)); the outputs agree
+    until transformer.h.1.mlp.c_fc, the first output that differs, with its inputs agreeing."""
+    from parity import report_gpt
+
+    report = diff_cli.diff(
+        report_gpt.torch_factory, _gpt_port_one_weight_off, dtype="float64",
+        rename=prefix_rename({"": "transformer"}),
+    )  # fmt: skip
+    module, row = report.first_divergent()
+    assert (module, row.label) == ("transformer.h.1.mlp.c_fc", "transformer.h.1.mlp.c_fc.weight")
+    assert row.comparison.worst_index == (0, 0)
+    outputs = report.section("outputs")
+    first = next(i for i, r in enumerate(outputs) if r.passed is False)
+    assert outputs[first].label == "transformer.h.1.mlp.c_fc" and outputs[first].inputs_agree
+    assert all(r.passed is not False for r in outputs[:first])
+
+
+def test_one_weight_off_in_trm_is_named(x64):
+    """The same for TRM's per-block capture: 1e-3 on element (0, 0) of L_level.layers.1's
+    down_proj: every row before the first call of layers.1 agrees within FLOAT64, that call is
+    the first that differs."""
+    from parity.trm_fixtures import (
+        make_batch,
+        make_pair,
+        one_step_comparisons,
+        tiny_config,
+        to_float64,
+    )
+
+    cfg = tiny_config("att", "float64")
+    head, model = to_float64(*make_pair(cfg))
+    for m in (head, model):
+        m.eval()
+    w = model.inner.L_level.layers[1].mlp.down_proj.weight
+    w[...] = w[...].at[0, 0].add(1e-3)
+    rows = one_step_comparisons(head, model, make_batch(cfg), FLOAT64)
+    first = next(i for i, r in enumerate(rows) if not r.passed)
+    assert rows[first].name == "L_level.layers.1 [1/6]", [r.message() for r in rows[: first + 1]]
+    assert all(r.passed for r in rows[:first]) and first > 0
+
+
 def test_every_main_block_in_parity_comes_last():
     """A module run with `python -m` executes its `if __name__ == "__main__":` block where it
     stands: any function defined below it does not exist yet (report_trm's rollout raised
