@@ -64,7 +64,8 @@ def port_config(variant: str, dtype: str) -> TRMConfig:
     cfg = {k: v for k, v in up.items() if k != "causal"}
     if variant == "hrm":
         cfg["arch"] = "hrm"
-    cfg["attention_impl"] = "explicit"  # "xla" is float32 inside (docs/porting_trm.md trap 13)
+    # "xla" is float32 inside (docs/porting_trm.md, "jax.nn.dot_product_attention is float32 inside")
+    cfg["attention_impl"] = "explicit"
     return TRMConfig(**cfg)
 
 
