@@ -18,7 +18,8 @@ rewrites a port path prefix that differs (`--rename =transformer`: every port pa
 prefix `transformer.`, as nanoGPT's flattened ModuleDict needs).
 
 Exit status: 0 when every compared tensor agrees, 1 when one differs (the last line is then
-`first divergent module: <path>`), 2 for bad arguments (one line saying what was expected).
+`first divergent module: <path>`), 2 for bad arguments (one line saying what was expected) or
+a port whose variables do not match the torch state_dict (the key map's list of every key).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from models.state_dict import StateDictError
 from parity.capture import Capture, capture_nnx, capture_torch, nnx_state, prefix_rename
 from parity.check import (
     Report,
@@ -259,6 +261,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except UsageError as e:
         print(f"python -m parity diff: {e}", file=sys.stderr)
+        return 2
+    except StateDictError as e:  # the port's load_torch / check_keys: every key that does not map
+        print(f"python -m parity diff: NNX_FACTORY {args.nnx_factory}: {e}", file=sys.stderr)
         return 2
     tol = TOLERANCES[args.dtype]
     bound = "16 x the one-ulp envelope" if args.envelope else f"{tol.name.upper()} ({tol.rtol:g})"

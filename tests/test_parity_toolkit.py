@@ -260,6 +260,25 @@ def test_bad_input_is_one_line(args, expected, capsys):
     assert err.count("\n") == 1 and expected in err, err
 
 
+def port_with_a_typo(torch_module):
+    """The cookbook MLP with fc2 stored as fc3: its weights cannot be loaded by rule."""
+    from tests.test_parity_mlp import MLP
+
+    port = MLP(rngs=nnx.Rngs(0))
+    port.fc3 = port.fc2
+    del port.fc2
+    return load_torch(port, torch_module)
+
+
+def test_a_port_that_does_not_map_is_named_key_by_key(capsys):
+    args = ["tests.test_parity_mlp:torch_mlp", "tests.test_parity_toolkit:port_with_a_typo"]
+    assert diff_cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert "TorchMLP state_dict does not match the model" in err
+    assert "unexpected keys (2): fc2.weight, fc2.bias" in err
+    assert "missing keys (2): fc3.bias, fc3.kernel" in err
+
+
 def _run(*args):
     return subprocess.run(
         [sys.executable, "-m", "parity", "diff", *args],
