@@ -126,10 +126,13 @@ def test_tanh_gelu_is_named_where_the_activation_runs():
 
 
 @pytest.mark.parametrize(
-    "opt", [Adam(lr=1e-2), AdamW(lr=1e-2, weight_decay=0.1)], ids=["Adam", "AdamW"]
+    "opt",
+    [Adam(lr=1e-2), Adam(lr=1e-2, weight_decay=0.1), AdamW(lr=1e-2, weight_decay=0.1)],
+    ids=["Adam", "Adam-L2", "AdamW"],
 )
 def test_three_optimizer_steps_match_torch_float64(opt, x64):
-    """Three steps of torch.optim.Adam / AdamW and their optax twins (parity/steps.py) on the
+    """Three steps of torch.optim.Adam (with and without its L2 weight decay) / AdamW and their
+    optax twins (parity/steps.py) on the
     cotangent loss: every loss, and every parameter after every step, within FLOAT64; dropout
     off (p=0) so train mode is deterministic on both sides."""
     torch.manual_seed(0)
