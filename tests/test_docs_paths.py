@@ -86,7 +86,9 @@ _ANCHOR = re.compile(r'<a\s+(?:id|name)="([^"]+)"')
 
 
 def _norm(title: str) -> str:
-    return " ".join(title.replace("`", "").split()).strip().rstrip(".:").lower()
+    """Compared without backticks, case, a trailing period or a section number ("5. Traps")."""
+    title = re.sub(r"^\d+(\.\d+)*\.?\s+", "", " ".join(title.replace("`", "").split()))
+    return title.strip().rstrip(".:").lower()
 
 
 def _titles(doc: pathlib.Path) -> set[str]:
@@ -112,6 +114,7 @@ def test_the_citation_pattern_finds_what_it_should():
         ("porting_trm.md", "the one-ulp envelope"),
         ("training.md", "compilation cache"),
     ]
+    assert _norm("5. Traps") == _norm("`Traps`.") == "traps"
 
 
 def test_every_titled_citation_names_a_heading_of_that_doc():
