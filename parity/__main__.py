@@ -1,11 +1,15 @@
-"""`python -m parity {gpt,trm} [options]`: print the per-module parity table for a port."""
+"""`python -m parity {gpt,trm,diff} [options]`: per-module parity tables.
+
+- `gpt`, `trm`: this repository's two ports against their PyTorch references;
+- `diff TORCH_FACTORY NNX_FACTORY`: any torch module against its NNX port (parity/diff.py).
+"""
 
 from __future__ import annotations
 
 import importlib
 import sys
 
-_REPORTS = {"gpt": "parity.report_gpt", "trm": "parity.report_trm"}
+_REPORTS = {"gpt": "parity.report_gpt", "trm": "parity.report_trm", "diff": "parity.diff"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -13,6 +17,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in _REPORTS or argv[0] in ("-h", "--help"):
         print(f"usage: python -m parity {{{','.join(_REPORTS)}}} [--help | report options]")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
+    from train.distributed import quiet_tpu_probe
+
+    quiet_tpu_probe()  # before JAX starts a backend: no libtpu probe lines on a CPU machine
     module = importlib.import_module(_REPORTS[argv[0]])
     return int(module.main(argv[1:]) or 0)
 

@@ -74,7 +74,7 @@ class ReferenceBound:
     why: str = ""
 
 
-# One TRM ACT step at H2/L2 (parity.report_trm.tiny_config), every captured tensor, measured on 7
+# One TRM ACT step at H2/L2 (parity.trm_fixtures.tiny_config), every captured tensor, measured on 7
 # variants x 8 seeds x eager/jitted x 3 CPU kernel sets (XLA AVX-512/AVX2/SSE4.2, ATen
 # avx512/avx2/default); docs/porting_trm.md has the tables.
 AS_TORCH_FLOAT32 = ReferenceBound(

@@ -5,72 +5,81 @@ Builds a small nanoGPT in PyTorch (parity/gpt_torch.py), copies its weights into
 (embeddings, each block's ln_1 / attn / ln_2 / mlp, ln_f, logits, loss), the largest absolute and
 relative difference against the tolerance for that dtype. Exit status 1 if any row fails.
 
-The capture helpers are shared with tests/test_gpt_forward.py.
+The captures are parity.capture's (torch forward hooks; the port's module calls intercepted from
+the outside), shared with tests/test_gpt_forward.py. The generic command compares every module
+and the gradients: `python -m parity diff parity.report_gpt:torch_factory
+parity.report_gpt:nnx_factory --rename =transformer --grads` (docs/porting_your_model.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from flax import nnx
 
 from models.gpt import GPTConfig, from_torch
 from parity import gpt_torch
+from parity.capture import capture_nnx, capture_torch, prefix_rename
 from parity.compare import BFLOAT16, FLOAT32, FLOAT64, compare, format_table
+from parity.keymap import param_dtype
 
 TOLERANCES = {"float64": FLOAT64, "float32": FLOAT32, "bfloat16": BFLOAT16}
 SMALL = dict(block_size=32, vocab_size=65, n_layer=2, n_head=4, n_embd=64, dropout=0.0, bias=True)
 
 
-def torch_activations(model: gpt_torch.GPT, idx, targets, *, autocast_bf16=False) -> dict:
-    """Run the torch model once, recording every module output named as in `jax_activations`."""
-    acts, hooks = {}, []
-
-    def keep(name):
-        def hook(_module, _inputs, output):
-            acts[name] = output.detach()
-
-        return hook
-
-    tr = model.transformer
-    hooks.append(tr.drop.register_forward_hook(keep("embeddings")))
-    for i, block in enumerate(tr.h):
-        for part in ("ln_1", "attn", "ln_2", "mlp"):
-            hooks.append(getattr(block, part).register_forward_hook(keep(f"h.{i}.{part}")))
-    hooks.append(tr.ln_f.register_forward_hook(keep("ln_f")))
-    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast_bf16 else contextlib.nullcontext()
-    try:
-        with torch.no_grad(), ctx:
-            logits, loss = model(idx, targets)
-    finally:
-        for h in hooks:
-            h.remove()
-    acts["logits"], acts["loss"] = logits.detach(), loss.detach()
-    return acts
+# torch's `transformer` ModuleDict is flattened in the port: these port paths gain its prefix
+RENAME = prefix_rename({k: f"transformer.{k}" for k in ("wte", "wpe", "drop", "h", "ln_f")})
+_ROW = re.compile(r"transformer\.(drop|ln_f|h\.\d+\.(ln_1|attn|ln_2|mlp))")
 
 
-def jax_activations(model, idx, targets) -> dict:
-    """The same outputs from the NNX port: each submodule called in the order GPT.hidden uses;
-    logits and loss come from the model's own __call__ (so the composition is checked too)."""
+def _select(path: str) -> bool:
+    """The report's rows: the embeddings (the dropout after them), each block's four parts,
+    ln_f, and the model itself (logits and loss)."""
+    return path == "" or _ROW.fullmatch(path) is not None
+
+
+def _named(calls) -> dict:
+    """A capture (parity.capture) as the report's rows, in call order."""
     acts = {}
-    T = idx.shape[1]
-    x = model.drop(model.wte(idx) + model.wpe(jnp.arange(T))[None])
-    acts["embeddings"] = x
-    for i, block in enumerate(model.h):
-        acts[f"h.{i}.ln_1"] = block.ln_1(x)
-        acts[f"h.{i}.attn"] = block.attn(acts[f"h.{i}.ln_1"])
-        x = x + acts[f"h.{i}.attn"]
-        acts[f"h.{i}.ln_2"] = block.ln_2(x)
-        acts[f"h.{i}.mlp"] = block.mlp(acts[f"h.{i}.ln_2"])
-        x = x + acts[f"h.{i}.mlp"]
-    acts["ln_f"] = model.ln_f(x)
-    acts["logits"], acts["loss"] = model(idx, targets)
+    for c in calls:
+        if c.path == "":
+            acts["logits"], acts["loss"] = c.outputs
+        else:
+            name = c.path.removeprefix("transformer.")
+            acts["embeddings" if name == "drop" else name] = c.outputs[0]
     return acts
+
+
+def torch_activations(model: gpt_torch.GPT, idx, targets, *, autocast_bf16=False) -> dict:
+    """Run the torch model once, recording every module output named as in `jax_activations`
+    (parity.capture: forward hooks)."""
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast_bf16 else None
+    cap = capture_torch(model, (idx, targets), select=_select, context=ctx)
+    return _named(cap.calls)
+
+
+def jax_activations(model, idx, targets, *, jit: bool = False) -> dict:
+    """The same outputs from the NNX port, intercepted from outside the model while its own
+    __call__ runs (parity.capture), so the composition is checked too."""
+    cap = capture_nnx(model, (idx, targets), select=_select, rename=RENAME, jit=jit)
+    return _named(cap.calls)
+
+
+def torch_factory():
+    """TORCH_FACTORY for `python -m parity diff`: the SMALL nanoGPT, seeded, and one batch."""
+    torch.manual_seed(0)
+    return gpt_torch.GPT(gpt_torch.GPTConfig(**SMALL)), batch(SMALL)
+
+
+def nnx_factory(torch_module):
+    """NNX_FACTORY: the port through its own converter (models/gpt/params.py), in torch's dtype."""
+    cfg = GPTConfig(**SMALL, dtype=param_dtype(torch_module))
+    return from_torch(torch_module.state_dict(), cfg)
 
 
 def build_pair(cfg_kwargs: dict, dtype: str, *, seed: int = 0, flash: bool = True):
@@ -101,8 +110,8 @@ def run(dtype: str, cfg_kwargs: dict | None = None, seed: int = 0, flash: bool =
     idx, targets = batch(cfg_kwargs, seed=seed)
     t_acts = torch_activations(tmodel, idx, targets, autocast_bf16=dtype == "bfloat16")
     # one compiled program rather than op-by-op dispatch (each eager op compiles on first use)
-    j_acts = nnx.jit(jax_activations)(
-        jmodel, jnp.asarray(idx.numpy()), jnp.asarray(targets.numpy())
+    j_acts = jax_activations(
+        jmodel, jnp.asarray(idx.numpy()), jnp.asarray(targets.numpy()), jit=True
     )
     return [
         compare(name, np.asarray(j_acts[name], np.float64), t_acts[name], tol) for name in t_acts

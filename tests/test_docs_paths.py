@@ -67,3 +67,121 @@ def test_paths_and_tests_named_in_the_docs_exist(doc):
         "the word 'upstream', as a URL, or below a placeholder such as <folder>/train/...)"
     )
     assert not missing, "\n".join(missing) + hint
+
+
+# ------------------------------------------------------------------------- citations by title
+
+SOURCES = sorted(
+    p
+    for p in [
+        *ROOT.glob("*.md"),
+        *(ROOT / "docs").glob("*.md"),
+        *ROOT.glob(f"{{{','.join(TOP)}}}/**/*.py"),
+    ]
+    if ".venv" not in p.parts
+)
+_CITATION = re.compile(r'docs/([\w-]+\.md),?\s+"([^"]{1,200})"')
+_HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.M)
+_ANCHOR = re.compile(r'<a\s+(?:id|name)="([^"]+)"')
+
+
+def _norm(title: str) -> str:
+    """Compared without backticks, case, a trailing period or a section number ("5. Traps")."""
+    title = re.sub(r"^\d+(\.\d+)*\.?\s+", "", " ".join(title.replace("`", "").split()))
+    return title.strip().rstrip(".:").lower()
+
+
+def _titles(doc: pathlib.Path) -> set[str]:
+    text = doc.read_text(encoding="utf-8")
+    text = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)  # no headings inside code blocks
+    anchors = {_norm(a.replace("-", " ")) for a in _ANCHOR.findall(text)}
+    return {_norm(h) for h in _HEADING.findall(text)} | anchors
+
+
+def _citations(text: str):
+    """(line, doc, title) for each `docs/<file>.md, "<title>"` (the comma is optional; a title may
+    run onto the next line, as in a wrapped docstring or paragraph)."""
+    for m in _CITATION.finditer(text):
+        yield text.count("\n", 0, m.start()) + 1, m.group(1), m.group(2)
+
+
+def test_the_citation_pattern_finds_what_it_should():
+    text = (
+        'see docs/porting_trm.md, "The one-ulp envelope" and docs/training.md "Compilation\n'
+        '    cache"; not docs/data.md alone or "a quote"'
+    )
+    assert [(d, _norm(t)) for _, d, t in _citations(text)] == [
+        ("porting_trm.md", "the one-ulp envelope"),
+        ("training.md", "compilation cache"),
+    ]
+    assert _norm("5. Traps") == _norm("`Traps`.") == "traps"
+
+
+def test_every_titled_citation_names_a_heading_of_that_doc():
+    """`docs/<file>.md, "<title>"` (in any .py or .md of the repository) names a heading (or an
+    `<a id=...>` anchor) of that doc: traps and sections are cited by their stable names, so a
+    renamed heading breaks here, not silently."""
+    titles = {d.name: _titles(d) for d in (ROOT / "docs").glob("*.md")}
+    bad = []
+    for path in SOURCES:
+        for line, doc, title in _citations(path.read_text(encoding="utf-8")):
+            if doc not in titles:
+                bad.append(f"{path.relative_to(ROOT)}:{line}: docs/{doc} does not exist")
+            elif _norm(title) not in titles[doc]:
+                bad.append(f'{path.relative_to(ROOT)}:{line}: docs/{doc} has no heading "{title}"')
+    assert not bad, "\n".join(bad)
+
+
+# Numbered trap citations that point into docs being converted to named traps elsewhere
+# (docs/training.md and the TPU runbook); each entry is a file and the text it holds.
+_NUMBERED_ELSEWHERE: set[tuple[str, str | None]] = set()  # (file, text) allowed to cite a number
+_TRAP_NUMBER = re.compile(r"\btraps?\s+\d+\b", re.I)
+
+
+def test_no_trap_is_cited_by_number():
+    """Traps have stable names: a citation like `trap 13` breaks silently when a list is
+    reordered. Cite `docs/<file>.md, "<trap title>"` instead."""
+    bad = []
+    for path in SOURCES:
+        rel = str(path.relative_to(ROOT))
+        if (rel, None) in _NUMBERED_ELSEWHERE or rel == "tests/test_docs_paths.py":
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for m in _TRAP_NUMBER.finditer(line):
+                if not any(rel == f and t and t in line for f, t in _NUMBERED_ELSEWHERE):
+                    bad.append(f"{rel}:{n}: {m.group(0)!r}")
+    assert not bad, "\n".join(bad)
+
+
+# The docs whose first paragraph says what a reader gets from them, in at most five lines.
+OPENING_CHECKED = [
+    "architecture.md", "benchmarks.md", "data.md", "data_arc_maze_text.md", "evaluation.md",
+    "index.md", "nanogpt_train_py.md", "parity.md", "training.md",
+    "porting_nanogpt.md", "porting_trm.md", "porting_trm_training.md", "porting_your_model.md",
+    "torch_to_jax.md",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", OPENING_CHECKED)
+def test_each_doc_opens_with_what_it_gives_in_five_lines(name):
+    lines = (ROOT / "docs" / name).read_text(encoding="utf-8").splitlines()
+    assert lines[0].startswith("# "), f"{name}: the first line is its title"
+    body = [i for i, line in enumerate(lines[1:], 1) if line.strip()]
+    first = body[0]
+    end = next((i for i in range(first, len(lines)) if not lines[i].strip()), len(lines))
+    opening = lines[first:end]
+    assert not opening[0].startswith(("#", "|", "```", "-", "*")), f"{name}: opens with prose"
+    assert len(opening) <= 5, (
+        f"{name}: the opening paragraph has {len(opening)} lines:\n" + "\n".join(opening)
+    )
+
+
+def test_quick_reference_rows_name_tests_that_exist():
+    """docs/torch_to_jax.md names most tests bare (`test_...`): each is defined in
+    tests/test_parity_torch_to_jax.py; path-qualified ones are checked above."""
+    text = (ROOT / "docs" / "torch_to_jax.md").read_text(encoding="utf-8")
+    src = (ROOT / "tests" / "test_parity_torch_to_jax.py").read_text(encoding="utf-8")
+    bare = set(re.findall(r"(?<![:\w])`(test_\w+)`", text))
+    assert bare, "the quick reference names no test"
+    missing = sorted(n for n in bare if not re.search(rf"^def {n}\b", src, re.M))
+    assert not missing, missing

@@ -64,7 +64,8 @@ def port_config(variant: str, dtype: str) -> TRMConfig:
     cfg = {k: v for k, v in up.items() if k != "causal"}
     if variant == "hrm":
         cfg["arch"] = "hrm"
-    cfg["attention_impl"] = "explicit"  # "xla" is float32 inside (docs/porting_trm.md trap 13)
+    # "xla" is float32 inside (docs/porting_trm.md, "jax.nn.dot_product_attention is float32 inside")
+    cfg["attention_impl"] = "explicit"
     return TRMConfig(**cfg)
 
 
@@ -121,7 +122,7 @@ def load_port(variant: str, dtype: str):
 
 def port_rollout(model, steps, *, train: bool) -> list[tuple[dict, dict]]:
     """The port through the fixture's steps, one jitted ACT step + loss head per step."""
-    from parity.report_trm import jitted_act_step
+    from parity.trm_fixtures import jitted_act_step
 
     model.train() if train else model.eval()
     jstep = jitted_act_step()
@@ -180,7 +181,7 @@ def test_golden_train_rollouts_exercise_halting_and_refill():
 
 
 def port_grads(variant: str, dtype: str):
-    from parity.report_trm import jax_grads
+    from parity.trm_fixtures import jax_grads
 
     arrays = golden(variant, dtype)
     batch = {k[len("grad.batch.") :]: v for k, v in arrays.items() if k.startswith("grad.batch.")}
@@ -342,7 +343,7 @@ def test_float64_differs_from_upstream_only_by_its_float32_casts(variant):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_reference_gradients_reproduce_upstream(variant):
-    from parity.report_trm import torch_grads
+    from parity.trm_fixtures import torch_grads
 
     arrays = golden(variant, "float64")
     batch = {k[len("grad.batch.") :]: v for k, v in arrays.items() if k.startswith("grad.batch.")}

@@ -64,7 +64,8 @@ def test_gpt_kill_and_resume_is_bit_identical(text_dir, tmp_path):
 
     With dropout 0.1 AND 2 accumulation micro-steps: dropout runs inside the accumulation scan
     (models/gpt/train_step.py re-merges fresh Variables there; a model merged outside the scan
-    raises TraceContextError when it draws a mask, docs/porting_nanogpt.md)."""
+    raises TraceContextError when it draws a mask:
+    docs/porting_nanogpt.md, "Dropout inside the accumulation scan")."""
     out = str(tmp_path)
     steps = ["trainer.gradient_accumulation_steps=2", "trainer.global_batch_size=16"]
     _run(tiny_gpt_overrides(text_dir, out, "straight", steps=30) + steps, 8)

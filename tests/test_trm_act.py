@@ -9,9 +9,9 @@ import numpy as np
 from flax import nnx
 
 from models.trm import TRM, act_loss
-from parity.report_trm import tiny_config
+from parity.trm_fixtures import tiny_config
 
-# parity.report_trm's tiny mlp_t config: 16 rows (per-row draws), at most 8 ACT steps, and no
+# parity.trm_fixtures's tiny mlp_t config: 16 rows (per-row draws), at most 8 ACT steps, and no
 # exploration unless a test asks for it.
 CFG = tiny_config("mlp_t", batch_size=16, halt_max_steps=8, halt_exploration_prob=0.0)
 

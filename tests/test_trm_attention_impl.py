@@ -11,9 +11,9 @@ from flax import nnx
 from models.trm import TRM, TRMConfig, act_loss
 from models.trm.layers import Attention, resolve_attention_impl, rope_tables
 from parity.compare import BFLOAT16, EXACT, FLOAT32, assert_all_close
-from parity.report_trm import tiny_config
+from parity.trm_fixtures import tiny_config
 
-# parity.report_trm's tiny attention config at head_dim 64 (the Sudoku/ARC configs' 512 / 8), so
+# parity.trm_fixtures's tiny attention config at head_dim 64 (the Sudoku/ARC configs' 512 / 8), so
 # the gpu test runs what cuDNN will see.
 BASE = dict(
     batch_size=2,

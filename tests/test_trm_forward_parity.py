@@ -19,7 +19,7 @@ from parity.compare import (  # noqa: E402
     BFLOAT16,
     FLOAT64,
 )
-from parity.report_trm import (  # noqa: E402
+from parity.trm_fixtures import (  # noqa: E402
     VARIANTS,
     make_batch,
     make_pair,
@@ -230,7 +230,7 @@ def test_baseline_ignores_mlp_t_float64(x64):
     for m in (model, plain_model):
         m.eval()
     batch = make_batch(cfg)
-    from parity.report_trm import jax_one_step
+    from parity.trm_fixtures import jax_one_step
 
     got = dict(jax_one_step(model, batch))
     want = dict(jax_one_step(plain_model, batch))

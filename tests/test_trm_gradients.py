@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("torch")
 
 from parity.compare import FLOAT32, FLOAT64, Tolerance, assert_all_close  # noqa: E402
-from parity.report_trm import (  # noqa: E402
+from parity.trm_fixtures import (  # noqa: E402
     fixed_exploration,
     jax_grads,
     make_batch,

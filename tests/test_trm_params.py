@@ -11,7 +11,7 @@ from parity.compare import EXACT, assert_all_close
 
 torch = pytest.importorskip("torch")
 
-from parity.report_trm import make_pair, tiny_config  # noqa: E402
+from parity.trm_fixtures import make_pair, tiny_config  # noqa: E402
 from parity.trm_torch import ACTLossHead, build_model  # noqa: E402
 
 

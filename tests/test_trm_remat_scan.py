@@ -12,11 +12,11 @@ from jax.extend.core import jaxprs_in_params
 
 from models.trm import TRM, act_loss
 from parity.compare import FLOAT64, assert_all_close
-from parity.report_trm import tiny_config
+from parity.trm_fixtures import tiny_config
 
 
 def _cfg(forward_dtype="float32", **kw):
-    """parity.report_trm's tiny attention config with 3 L cycles (and 3 puzzle ids)."""
+    """parity.trm_fixtures's tiny attention config with 3 L cycles (and 3 puzzle ids)."""
     return tiny_config("att", forward_dtype, **{"L_cycles": 3, "num_puzzle_identifiers": 3, **kw})
 
 

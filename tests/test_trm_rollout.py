@@ -35,7 +35,7 @@ from parity.envelope import (  # noqa: E402
     perturb_one_ulp_,
     perturbed_copies,
 )
-from parity.report_trm import (  # noqa: E402
+from parity.trm_fixtures import (  # noqa: E402
     jax_rollout,
     make_pair,
     rollout_tolerance_for,

@@ -32,7 +32,7 @@ from models.trm.train_step import (  # noqa: E402
     merge_model,
     train_step,
 )
-from parity.report_trm import make_batch, make_pair, tiny_config, to_float64  # noqa: E402
+from parity.trm_fixtures import make_batch, make_pair, tiny_config, to_float64  # noqa: E402
 from parity.trm_torch.optim import AdamATan2, EMAHelper, SparseSignSGD, train_batch  # noqa: E402
 
 N_STEPS = 20
@@ -87,7 +87,7 @@ def _exploration(config):
 
 
 def _float64_pair(config):
-    """The paired models of parity.report_trm.make_pair, moved to float64 on both sides (every
+    """The paired models of parity.trm_fixtures.make_pair, moved to float64 on both sides (every
     stored value is float32-exact, so the casts are lossless and both start from the same bits)."""
     head, model = make_pair(config, seed=3, q_bias=0.0)  # q_bias 0: about half the rows halt
     return to_float64(head, model)
