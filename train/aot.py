@@ -23,8 +23,8 @@ That gives, before paying for a slice:
   the report says how many loops the program has.
 
 Everything here except `topology_devices`/`main` also works on CPU-compiled steps (tests use 8
-fake CPU devices): `count_collectives`, `count_loops`, `memory_stats`, `cost_stats`,
-`format_report`.
+fake CPU devices): `count_collectives`, `count_loops`, `count_conditionals`, `memory_stats`,
+`cost_stats`, `format_report`.
 """
 
 from __future__ import annotations
@@ -116,6 +116,14 @@ def count_loops(hlo_text: str) -> int:
     return len(_WHILE_RE.findall(hlo_text))
 
 
+_CONDITIONAL_RE = re.compile(r"(?<=\s)conditional\(")
+
+
+def count_conditionals(hlo_text: str) -> int:
+    """Number of conditionals (lax.cond / lax.switch kept as such) in an HLO module's text."""
+    return len(_CONDITIONAL_RE.findall(hlo_text))
+
+
 # XLA:TPU has no float64: where a 64-bit value crosses the program's boundary it is split into a
 # pair of 32-bit values (and joined back) by these custom calls; inside, no 64-bit type remains.
 _X64_RE = re.compile(r'custom_call_target="X64(?:SplitHigh|SplitLow|Combine)"')
@@ -147,8 +155,8 @@ class CostStats:
 
     Every count covers a while loop's body ONCE however many times it runs. `optimal_seconds` is
     XLA:TPU's own estimate of the program's run time, None where the backend reports none (CPU).
-    It counts each top-level custom call as -1 s (`untimed_ops` of them), and what runs inside a
-    conditional is not in it (docs/tpu_runbook.md, "The compiler's time leaves out conditionals").
+    It counts each top-level custom call as -1 s (`untimed_ops` of them), and it does not cover
+    the branches of a conditional (docs/tpu_runbook.md, "optimal_seconds is not a step time").
     """
 
     flops: float | None
@@ -238,6 +246,7 @@ class AOTReport:
     flops_per_step: float  # analytic, whole step, all devices
     cost: CostStats  # XLA's cost analysis, per device (loop bodies counted once)
     loops: int  # while loops in the compiled program
+    conditionals: int  # conditionals in the compiled program
     x64_emulation_calls: int  # XLA:TPU's 64-bit-as-32-bit-pairs custom calls
     peak_flops_per_device: float
     hbm_bandwidth: float | None  # bytes/s per device, for the roofline (None: no roofline)
@@ -267,10 +276,12 @@ class AOTReport:
 
     @property
     def compiler_time_usable(self) -> bool:
-        """The compiler's time is a prediction only when it is not below the FLOP floor (below it,
-        work the cost model left out: a conditional's branches, see CostStats)."""
+        """The compiler's time stands for the step only in a program without loops (bodies once)
+        and conditionals (branches not covered), and when it is not below the FLOP floor."""
         t, floor = self.cost.compiler_seconds, self.flop_floor_seconds
-        return t is not None and t > 0 and (floor is None or t >= floor)
+        if t is None or t <= 0 or self.loops or self.conditionals:
+            return False
+        return floor is None or t >= floor
 
     @property
     def prediction_source(self) -> str | None:
@@ -313,16 +324,18 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.3g} us"
 
 
+def _why_not(r: AOTReport) -> str:
+    if r.loops or r.conditionals:
+        return f"the program has {r.loops} loop(s) and {r.conditionals} conditional(s)"
+    if r.cost.compiler_seconds <= 0:
+        return "not > 0"
+    return f"below the FLOP floor {_ms(r.flop_floor_seconds)}"
+
+
 def _prediction_lines(r: AOTReport) -> list[str]:
     c, lines = r.cost, []
     if c.compiler_seconds is not None:
-        verdict = (
-            "used"
-            if r.compiler_time_usable
-            else f"NOT used: below the FLOP floor {_ms(r.flop_floor_seconds)}"
-            if c.compiler_seconds > 0 and r.flop_floor_seconds
-            else "NOT used: not > 0"
-        )
+        verdict = "used" if r.compiler_time_usable else f"NOT used: {_why_not(r)}"
         lines.append(
             f"  compiler's time: optimal_seconds {c.optimal_seconds:.6g} + {c.untimed_ops} "
             f"untimed custom calls = {_ms(c.compiler_seconds)}, {verdict}"
@@ -362,6 +375,10 @@ def _cost_lines(r: AOTReport) -> list[str]:
         )
     else:
         lines.append("  loops: none (XLA's counts cover the whole step)")
+    if r.conditionals:
+        lines.append(
+            f"  conditionals: {r.conditionals} (their branches are not in optimal_seconds)"
+        )
     if r.x64_emulation_calls:
         lines.append(f"  64-bit emulation: {r.x64_emulation_calls} X64 split/combine custom calls")
     return lines
@@ -424,6 +441,7 @@ def analyze(
         flops_per_step=float(flops_per_step),
         cost=cost_stats(compiled, hlo),
         loops=count_loops(hlo),
+        conditionals=count_conditionals(hlo),
         x64_emulation_calls=count_x64_emulation(hlo),
         peak_flops_per_device=peak_flops_per_device,
         hbm_bandwidth=hbm_bandwidth,
