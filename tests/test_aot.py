@@ -427,6 +427,14 @@ out["scanned"] = facts(scanned, x, w)
 out["update"] = facts(lambda ws, x, p: mlp_update(ws, x), ws, xb, p)
 out["update_in_cond"] = facts(
     lambda ws, x, p: jax.lax.cond(p > 3, lambda: list(ws), lambda: mlp_update(ws, x)), ws, xb, p)
+try:  # Cloud's name for a v5e slice is v5litepod-32; libtpu's topology name is v5e:4x8
+    from jax.experimental import topologies
+    topologies.get_topology_desc(platform="tpu", topology_name="v5litepod:4x8",
+                                 chip_config_name="default", chips_per_host_bounds=(2, 2, 1),
+                                 wrap=(False, False, False))
+    out["v5litepod"] = "accepted"
+except Exception as e:
+    out["v5litepod"] = str(e).splitlines()[0]
 jax.config.update("jax_enable_x64", True)
 x64 = jax.ShapeDtypeStruct((32 * 256, 512), jnp.float64, sharding=split)
 out["float64"] = facts(lambda x: jnp.mean(jnp.log1p(jnp.abs(x))), x64)
@@ -450,6 +458,8 @@ def test_tpu_cost_analysis_loops_conditionals_and_untimed_ops():
     assert c["optimal"] + c["untimed"] < 0
     # float64 is emulated: 64-bit values crossing the program's boundary are split into pairs
     assert f["float64"]["x64"] >= 2 and f["float64"]["untimed"] >= f["float64"]["x64"]
+    # libtpu knows v5e as "v5e", not by Cloud's accelerator name
+    assert "Invalid TPU external name" in f["v5litepod"], f["v5litepod"]
 
 
 @pytest.mark.slow
