@@ -377,9 +377,10 @@ def test_aot_compiles_for_other_32_chip_slices(tmp_path, topology):
 def test_aot_refuses_a_float64_loss_on_a_tpu_in_one_line():
     proc = _run_aot("+experiment=trm_sudoku", "mesh=v4-64", "optim.loss_dtype=float64")
     assert proc.returncode == 1
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("train.aot:")]
+    lines = proc.stderr.strip().splitlines()  # refused before libtpu loads: nothing else printed
     assert len(lines) == 1, proc.stderr[-3000:]
-    assert "optim.loss_dtype=float64" in lines[0] and "set optim.loss_dtype=float32" in lines[0]
+    assert lines[0].startswith("train.aot: optim.loss_dtype=float64")
+    assert "set optim.loss_dtype=float32" in lines[0]
 
 
 # What XLA:TPU's cost analysis does with a loop, a conditional and a 64-bit value, on small

@@ -326,7 +326,12 @@ def _ms(seconds: float) -> str:
 
 def _why_not(r: AOTReport) -> str:
     if r.loops or r.conditionals:
-        return f"the program has {r.loops} loop(s) and {r.conditionals} conditional(s)"
+        parts = [
+            f"{n} {what}"
+            for n, what in ((r.loops, "loop(s)"), (r.conditionals, "conditional(s)"))
+            if n
+        ]
+        return f"the program has {' and '.join(parts)}"
     if r.cost.compiler_seconds <= 0:
         return "not > 0"
     return f"below the FLOP floor {_ms(r.flop_floor_seconds)}"
@@ -377,7 +382,7 @@ def _cost_lines(r: AOTReport) -> list[str]:
         lines.append("  loops: none (XLA's counts cover the whole step)")
     if r.conditionals:
         lines.append(
-            f"  conditionals: {r.conditionals} (their branches are not in optimal_seconds)"
+            f"  conditionals: {r.conditionals} (optimal_seconds does not cover their branches)"
         )
     if r.x64_emulation_calls:
         lines.append(f"  64-bit emulation: {r.x64_emulation_calls} X64 split/combine custom calls")
@@ -488,11 +493,11 @@ def aot_compile(
 ) -> AOTReport:
     """Compose the config, build the real step on the topology's mesh, compile, analyse.
     `hbm_bytes`: what the step must fit in per device (default: the slice's chip)."""
+    cfg = load_config(list(overrides))  # exactly as train.main composes and validates it
+    # as the trainer does on the slice (every slice in TOPOLOGIES is a TPU), before libtpu loads
+    mesh_lib.check_backend(cfg, "tpu")
     spec = TOPOLOGIES.get(topology)
     devices = topology_devices(topology)
-
-    cfg = load_config(list(overrides))  # exactly as train.main composes and validates it
-    mesh_lib.check_backend(cfg, devices[0].platform)  # as the trainer does on the slice
     enable_x64_if_needed(cfg)  # as train.trainer.train
     mesh = mesh_lib.make_mesh(cfg.mesh, devices=devices)
     # need_data=False: sizes that come from the dataset (vocab, seq_len, ids) come from the config
