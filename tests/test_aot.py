@@ -384,8 +384,8 @@ def test_aot_refuses_a_float64_loss_on_a_tpu_in_one_line():
 
 
 # What XLA:TPU's cost analysis does with a loop, a conditional and a 64-bit value, on small
-# programs compiled for the v4-64 topology (docs/tpu_runbook.md, "optimal_seconds is not a step
-# time"). One process: libtpu loads once.
+# programs compiled for the v4-64 topology. One process: libtpu loads once.
+# docs/tpu_runbook.md, "optimal_seconds is not a step time"
 TPU_COST_FACTS = """
 import json
 import jax, jax.numpy as jnp

@@ -139,6 +139,6 @@ def check_backend(cfg, platform: str) -> None:
     if platform == "tpu" and loss_dtype == "float64":
         raise ConfigError(
             "optim.loss_dtype=float64 is not float64 on a TPU: TPUs have no float64 and XLA:TPU "
-            "emulates it with pairs of float32; set optim.loss_dtype=float32 (docs/sharding.md, "
-            '"float64 on a TPU")'
+            "emulates it with pairs of float32; set optim.loss_dtype=float32 "
+            '(docs/sharding.md, "float64 on a TPU")'
         )
