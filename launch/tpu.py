@@ -3,7 +3,7 @@
     python -m launch.tpu create  --project P [--spot]          # queued resource -> ACTIVE slice
     python -m launch.tpu status  --project P                   # state of the queued resource
     python -m launch.tpu setup   --project P [--commit SHA]    # code + venv on every worker
-    python -m launch.tpu run     --project P --run-name R --out-dir gs://B/runs -- +experiment=trm_sudoku
+    python -m launch.tpu run     --project P --run-name R --out-dir gs://B/runs -- +experiment=trm_sudoku mesh=v4-64
     python -m launch.tpu logs    --project P --run-name R [--worker 0] [--follow]
     python -m launch.tpu collect --project P --run-name R      # copy every worker's log here
     python -m launch.tpu exec    --project P -- python -m data.sudoku ...   # any command, all workers

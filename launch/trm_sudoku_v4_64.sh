@@ -28,5 +28,5 @@ tpu exec -- python -m data.sudoku --output-dir data_out/sudoku-extreme-1k-aug-10
   --subsample-size 1000 --num-aug 1000
 tpu run --run-name "$RUN_NAME" --out-dir "$BUCKET/runs" \
   ${WANDB_API_KEY:+--env "WANDB_API_KEY=$WANDB_API_KEY"} \
-  -- +experiment=trm_sudoku mesh=v4-64 mesh.param_sharding=replicate optim.loss_dtype=float32
+  -- +experiment=trm_sudoku mesh=v4-64
 tpu logs --run-name "$RUN_NAME"

@@ -14,7 +14,7 @@ draws replayed through the `exploration=` hook) and for one gradient step:
 
 Upstream's "float64" run (forward_dtype=float64) still computes rms_norm and RoPE in float32 and
 casts q to float32; the port and the reference compute them in float64 (docs/porting_trm.md,
-"float64 runs"). test_float64_differs_from_upstream_only_by_its_float32_casts shows that this is
+section "float64 runs: upcast to float32 means at least float32"). test_float64_differs_from_upstream_only_by_its_float32_casts shows that this is
 the whole difference: the reference built with those three casts reproduces upstream's float64
 run bit for bit (same ATen kernels), without them it does not.
 """

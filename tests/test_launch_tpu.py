@@ -284,5 +284,6 @@ def test_end_to_end_shell_script_dry_run(tmp_path):
     ]
     assert "--spot" in words
     run_script = [w for w in words if w.startswith("--command=") and "train.main" in w]
-    assert len(run_script) == 1 and "optim.loss_dtype=float32" in run_script[0]
+    # the plain command: mesh=v4-64 gives the recommended settings (tests/test_tpu_defaults.py)
+    assert len(run_script) == 1 and "+experiment=trm_sudoku mesh=v4-64 run.name=" in run_script[0]
     assert "run.out_dir=gs://b/runs" in run_script[0]

@@ -1,7 +1,8 @@
 """Compile the real train step for a TPU slice on a machine without one (ahead of time).
 
-    python -m train.aot +experiment=trm_sudoku mesh=v4-64 optim.loss_dtype=float32
+    python -m train.aot +experiment=trm_sudoku mesh=v4-64
     python -m train.aot +experiment=gpt2_124m mesh=v4-64 --json gpt2_aot.json
+    python -m train.aot +experiment=trm_sudoku mesh=v4-64 --topology v6e-32   # another 32-chip slice
 
 Same Hydra configs and overrides as `python -m train.main`. libtpu (`pip install
 'jax[tpu]==0.10.2'`, or just the `libtpu==0.0.42.*` wheel) describes the slice's topology —
@@ -10,15 +11,20 @@ builds the configured mesh over those abstract devices, its step with the real s
 donation (`train.jit.build_train_step`), and XLA's TPU compiler compiles it exactly as on the pod.
 That gives, before paying for a slice:
 
-* per-device memory (arguments, outputs, temporaries, generated code) against the chip's 32 GiB;
+* per-device memory (arguments, outputs, temporaries, generated code) against the chip's HBM;
   the command exits 1 with a message when the step does not fit, as MaxText's train_compile does;
 * the collectives XLA inserted, counted by kind from the compiled HLO (each op in the program text
   counts once, so one inside a scan/while body counts once however often it runs);
-* FLOPs per step, analytic from the task (XLA's cost_analysis counts a loop body once, so it is
-  printed only as a cross-check), and the step time at a given MFU.
+* FLOPs per step, analytic from the task, next to XLA's own cost analysis of the program (FLOPs,
+  bytes accessed, and `optimal_seconds`, the TPU compiler's run-time estimate), and from them a
+  PREDICTED step time and MFU: the compiler's time where it covers the step, else the roofline of
+  XLA's counts (docs/tpu_runbook.md, "Cost"). A prediction until a TPU measures it. The cost
+  analysis counts the body of a while loop (lax.scan, fori_loop) once however often it runs, so
+  the report says how many loops the program has.
 
 Everything here except `topology_devices`/`main` also works on CPU-compiled steps (tests use 8
-fake CPU devices): `count_collectives`, `memory_stats`, `format_report`.
+fake CPU devices): `count_collectives`, `count_loops`, `count_conditionals`, `memory_stats`,
+`cost_stats`, `format_report`.
 """
 
 from __future__ import annotations
@@ -38,21 +44,44 @@ from jax.experimental import topologies
 
 from train import mesh as mesh_lib
 from train.compose import load_config
+from train.config import ConfigError
 from train.families import enable_x64_if_needed, make_task
 from train.flops import peak_flops_for
 from train.jit import build_train_step
 
 GiB = 2**30
 
-# Slices we can describe. v4 names count TensorCores; "megacore" makes one JAX device per chip.
-TOPOLOGIES = {
-    "v4-8": dict(topology_name="v4:2x2x1", wrap=(False, False, False)),
-    "v4-16": dict(topology_name="v4:2x2x2", wrap=(False, False, False)),
-    "v4-32": dict(topology_name="v4:2x2x4", wrap=(False, False, False)),
-    "v4-64": dict(topology_name="v4:2x4x4", wrap=(False, False, False)),
-    "v4-128": dict(topology_name="v4:4x4x4", wrap=(True, True, True)),
-}
+
+@dataclasses.dataclass(frozen=True)
+class Slice:
+    """A TPU slice as libtpu's topology description knows it (no TPU needed)."""
+
+    topology_name: str  # libtpu's "<generation>:<chip grid>"
+    chip_config: str  # "megacore": one JAX device per chip of two TensorCores (v4, v5p)
+    wrap: tuple[bool, bool, bool]  # wraparound links per dimension
+    hbm_bytes: int  # per chip
+    hbm_bandwidth: float  # bytes/s per chip
+    chip: str  # train.flops.PEAK_FLOPS name of its bf16 peak
+
+
+# Slices we can describe, by Cloud TPU accelerator type. v4 and v5p names count TensorCores (two
+# per chip), v5e (GCE: v5litepod) and v6e names count chips. HBM capacity and bandwidth per chip
+# from the Cloud TPU system-architecture pages (v4: 32 GiB, 1200 GB/s; v5e: 16 GB, 819 GB/s;
+# v5p: 95 GB, 2765 GB/s; v6e: 32 GB, 1638 GB/s; capacities taken as GiB). The 32-chip slices
+# (v4-64, v5e-32, v5p-64, v6e-32) take the `mesh=v4-64` config (32 devices) as it is.
 V4_HBM_BYTES = 32 * GiB
+_V4 = dict(chip_config="megacore", hbm_bytes=V4_HBM_BYTES, hbm_bandwidth=1200e9, chip="TPU v4")
+_NO_WRAP = (False, False, False)
+TOPOLOGIES = {
+    "v4-8": Slice("v4:2x2x1", wrap=_NO_WRAP, **_V4),
+    "v4-16": Slice("v4:2x2x2", wrap=_NO_WRAP, **_V4),
+    "v4-32": Slice("v4:2x2x4", wrap=_NO_WRAP, **_V4),
+    "v4-64": Slice("v4:2x4x4", wrap=_NO_WRAP, **_V4),
+    "v4-128": Slice("v4:4x4x4", wrap=(True, True, True), **_V4),
+    "v5e-32": Slice("v5e:4x8", "default", _NO_WRAP, 16 * GiB, 819e9, "TPU v5e"),
+    "v5p-64": Slice("v5:2x4x4", "megacore", _NO_WRAP, 95 * GiB, 2765e9, "TPU v5p"),
+    "v6e-32": Slice("v6e:4x8", "default", _NO_WRAP, 32 * GiB, 1638e9, "TPU v6e"),
+}
 
 COLLECTIVE_KINDS = (
     "all-reduce",
@@ -75,6 +104,93 @@ def count_collectives(hlo_text: str) -> dict[str, int]:
     for m in _COLLECTIVE_RE.finditer(hlo_text):
         counts[m.group(1)] += 1
     return counts
+
+
+# `%name = <shape> while(<init>), condition=..., body=...`: one per lax.scan / fori_loop / while_loop
+# that XLA kept as a loop (it unrolls some; a trip count of 1 disappears).
+_WHILE_RE = re.compile(r"(?<=\s)while\(")
+
+
+def count_loops(hlo_text: str) -> int:
+    """Number of while loops in an HLO module's text. XLA's cost analysis counts each body once."""
+    return len(_WHILE_RE.findall(hlo_text))
+
+
+_CONDITIONAL_RE = re.compile(r"(?<=\s)conditional\(")
+
+
+def count_conditionals(hlo_text: str) -> int:
+    """Number of conditionals (lax.cond / lax.switch kept as such) in an HLO module's text."""
+    return len(_CONDITIONAL_RE.findall(hlo_text))
+
+
+# XLA:TPU has no float64: where a 64-bit value crosses the program's boundary it is split into a
+# pair of 32-bit values (and joined back) by these custom calls; inside, no 64-bit type remains.
+_X64_RE = re.compile(r'custom_call_target="X64(?:SplitHigh|SplitLow|Combine)"')
+
+
+def count_x64_emulation(hlo_text: str) -> int:
+    """Custom calls XLA:TPU inserted to emulate 64-bit values with 32-bit pairs (0 elsewhere)."""
+    return len(_X64_RE.findall(hlo_text))
+
+
+def entry_computation(hlo_text: str) -> str:
+    """The ENTRY computation of an HLO module's text (its top level; '' when there is none)."""
+    start = hlo_text.find("\nENTRY ")
+    if start < 0:
+        return ""
+    end = hlo_text.find("\n}", start)
+    return hlo_text[start : end if end >= 0 else len(hlo_text)]
+
+
+def count_entry_custom_calls(hlo_text: str) -> int:
+    """Custom calls at the program's top level. XLA:TPU's `optimal_seconds` counts each as -1 s
+    (it cannot time them); those inside fusions are timed with their fusion."""
+    return entry_computation(hlo_text).count(" custom-call(")
+
+
+@dataclasses.dataclass(frozen=True)
+class CostStats:
+    """XLA's cost analysis of one compiled program, per device (`compiled.cost_analysis()`).
+
+    Every count covers a while loop's body ONCE however many times it runs. `optimal_seconds` is
+    XLA:TPU's own estimate of the program's run time, None where the backend reports none (CPU).
+    It counts each top-level custom call as -1 s (`untimed_ops` of them), and it does not cover
+    the branches of a conditional (docs/tpu_runbook.md, "optimal_seconds is not a step time").
+    """
+
+    flops: float | None
+    bytes_accessed: float | None
+    optimal_seconds: float | None
+    untimed_ops: int = 0
+
+    @property
+    def compiler_seconds(self) -> float | None:
+        """`optimal_seconds` with its untimed custom calls counted as free instead of -1 s."""
+        if self.optimal_seconds is None:
+            return None
+        return self.optimal_seconds + self.untimed_ops
+
+
+def cost_stats(compiled, hlo_text: str | None = None) -> CostStats:
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001 - cost analysis is optional and backend-dependent
+        cost = None
+    if isinstance(cost, list | tuple):
+        cost = cost[0] if cost else None
+    cost = cost or {}
+
+    def get(key):
+        return float(cost[key]) if key in cost else None
+
+    hlo_text = compiled.as_text() if hlo_text is None else hlo_text
+    return CostStats(
+        flops=get("flops"),
+        bytes_accessed=get("bytes accessed"),
+        optimal_seconds=get("optimal_seconds"),
+        untimed_ops=count_entry_custom_calls(hlo_text),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,8 +244,12 @@ class AOTReport:
     hbm_bytes: int
     collectives: dict[str, int]
     flops_per_step: float  # analytic, whole step, all devices
-    xla_flops_per_device: float | None  # cost_analysis (loop bodies counted once)
+    cost: CostStats  # XLA's cost analysis, per device (loop bodies counted once)
+    loops: int  # while loops in the compiled program
+    conditionals: int  # conditionals in the compiled program
+    x64_emulation_calls: int  # XLA:TPU's 64-bit-as-32-bit-pairs custom calls
     peak_flops_per_device: float
+    hbm_bandwidth: float | None  # bytes/s per device, for the roofline (None: no roofline)
     lower_seconds: float
     compile_seconds: float
 
@@ -140,11 +260,133 @@ class AOTReport:
     def step_seconds_at(self, mfu: float) -> float:
         return self.flops_per_step / (self.num_devices * self.peak_flops_per_device * mfu)
 
+    @property
+    def flop_floor_seconds(self) -> float | None:
+        """XLA's FLOPs per device at the chip's peak: no step of this program can be faster."""
+        if self.cost.flops is None:
+            return None
+        return self.cost.flops / self.peak_flops_per_device
+
+    @property
+    def roofline_seconds(self) -> float | None:
+        """max(XLA's FLOPs at peak, XLA's bytes accessed at the HBM bandwidth), per device."""
+        if self.cost.flops is None or self.cost.bytes_accessed is None or not self.hbm_bandwidth:
+            return None
+        return max(self.flop_floor_seconds, self.cost.bytes_accessed / self.hbm_bandwidth)
+
+    @property
+    def compiler_time_usable(self) -> bool:
+        """The compiler's time stands for the step only in a program without loops (bodies once)
+        and conditionals (branches not covered), and when it is not below the FLOP floor."""
+        t, floor = self.cost.compiler_seconds, self.flop_floor_seconds
+        if t is None or t <= 0 or self.loops or self.conditionals:
+            return False
+        return floor is None or t >= floor
+
+    @property
+    def prediction_source(self) -> str | None:
+        """ "compiler" (its optimal_seconds), "roofline" (of XLA's counts) or None."""
+        if self.compiler_time_usable:
+            return "compiler"
+        return "roofline" if self.roofline_seconds is not None else None
+
+    @property
+    def predicted_step_seconds(self) -> float | None:
+        """A PREDICTION until a TPU measures it: the compiler's time where usable, else the
+        roofline of XLA's counts. Low when the program has loops (their bodies count once)."""
+        if self.prediction_source == "compiler":
+            return self.cost.compiler_seconds
+        return self.roofline_seconds
+
+    @property
+    def predicted_mfu(self) -> float | None:
+        """Analytic FLOPs per step over (devices x peak x predicted step time)."""
+        t = self.predicted_step_seconds
+        return None if t is None else self.step_seconds_at(1.0) / t
+
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
         d["memory"]["total"] = self.memory.total
         d["fits"] = self.fits
+        d["cost"]["compiler_seconds"] = self.cost.compiler_seconds
+        for key in (
+            "flop_floor_seconds",
+            "roofline_seconds",
+            "prediction_source",
+            "predicted_step_seconds",
+            "predicted_mfu",
+        ):
+            d[key] = getattr(self, key)
         return d
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.3g} us"
+
+
+def _why_not(r: AOTReport) -> str:
+    if r.loops or r.conditionals:
+        parts = [
+            f"{n} {what}"
+            for n, what in ((r.loops, "loop(s)"), (r.conditionals, "conditional(s)"))
+            if n
+        ]
+        return f"the program has {' and '.join(parts)}"
+    if r.cost.compiler_seconds <= 0:
+        return "not > 0"
+    return f"below the FLOP floor {_ms(r.flop_floor_seconds)}"
+
+
+def _prediction_lines(r: AOTReport) -> list[str]:
+    c, lines = r.cost, []
+    if c.compiler_seconds is not None:
+        verdict = "used" if r.compiler_time_usable else f"NOT used: {_why_not(r)}"
+        lines.append(
+            f"  compiler's time: optimal_seconds {c.optimal_seconds:.6g} + {c.untimed_ops} "
+            f"untimed custom calls = {_ms(c.compiler_seconds)}, {verdict}"
+        )
+    if r.roofline_seconds is not None:
+        lines.append(
+            f"  roofline of XLA's counts: FLOPs {_ms(r.flop_floor_seconds)}, bytes "
+            f"{_ms(c.bytes_accessed / r.hbm_bandwidth)} at {r.hbm_bandwidth / 1e9:.0f} GB/s"
+        )
+    t = r.predicted_step_seconds
+    if t is not None:
+        lines.append(
+            f"  PREDICTED step {_ms(t)} ({r.prediction_source}), MFU "
+            f"{100 * r.predicted_mfu:.1f}%: a prediction until a TPU measures it"
+        )
+    return lines
+
+
+def _cost_lines(r: AOTReport) -> list[str]:
+    c, n = r.cost, r.num_devices
+    lines = [f"  FLOPs per step: {r.flops_per_step:.4g} analytic (model matmuls, whole step)"]
+    if c.flops is not None:
+        accessed = f", {c.bytes_accessed / 1e9:.4g} GB accessed" if c.bytes_accessed else ""
+        lines.append(
+            f"  XLA cost analysis per device: {c.flops:.4g} FLOPs (x {n} = {c.flops * n:.4g})"
+            f"{accessed}"
+        )
+    lines.append(
+        f"  step time at 100% / 50% / 30% MFU: {_ms(r.step_seconds_at(1.0))} / "
+        f"{_ms(r.step_seconds_at(0.5))} / {_ms(r.step_seconds_at(0.3))}"
+    )
+    lines += _prediction_lines(r)
+    if r.loops:
+        lines.append(
+            f"  loops: {r.loops} while loop(s); XLA's counts and the prediction include each "
+            "body ONCE"
+        )
+    else:
+        lines.append("  loops: none (XLA's counts cover the whole step)")
+    if r.conditionals:
+        lines.append(
+            f"  conditionals: {r.conditionals} (optimal_seconds does not cover their branches)"
+        )
+    if r.x64_emulation_calls:
+        lines.append(f"  64-bit emulation: {r.x64_emulation_calls} X64 split/combine custom calls")
+    return lines
 
 
 def format_report(r: AOTReport) -> str:
@@ -163,30 +405,10 @@ def format_report(r: AOTReport) -> str:
         + (f"; compiler peak {_fmt_bytes(m.peak)}" if m.peak else ""),
         "  collectives (ops in the program; one inside a loop body counts once):",
         *(f"    {k:<20} {v}" for k, v in r.collectives.items()),
-        f"  FLOPs per step: {r.flops_per_step:.4g} analytic"
-        + (
-            f"; XLA cost_analysis {r.xla_flops_per_device * r.num_devices:.4g}"
-            f" ({r.xla_flops_per_device:.4g} per device x {r.num_devices}, loop bodies once)"
-            if r.xla_flops_per_device
-            else ""
-        ),
-        f"  step time at 100% / 50% / 30% MFU: {r.step_seconds_at(1.0) * 1e3:.2f} / "
-        f"{r.step_seconds_at(0.5) * 1e3:.2f} / {r.step_seconds_at(0.3) * 1e3:.2f} ms",
+        *_cost_lines(r),
         "  FITS" if r.fits else f"  DOES NOT FIT: needs {_fmt_bytes(m.required)} per device",
     ]
     return "\n".join(lines)
-
-
-def _xla_flops(compiled) -> float | None:
-    try:
-        cost = compiled.cost_analysis()
-    except Exception:  # noqa: BLE001 - cost analysis is optional and backend-dependent
-        return None
-    if isinstance(cost, list | tuple):
-        cost = cost[0] if cost else None
-    if not cost or "flops" not in cost:
-        return None
-    return float(cost["flops"])
 
 
 def compile_step(jitted, abstract_args, mesh):
@@ -208,9 +430,11 @@ def analyze(
     flops_per_step: float,
     hbm_bytes: int,
     peak_flops_per_device: float,
+    hbm_bandwidth: float | None = None,
     lower_seconds: float = 0.0,
     compile_seconds: float = 0.0,
 ) -> AOTReport:
+    hlo = compiled.as_text()
     return AOTReport(
         name=name,
         topology=topology,
@@ -218,10 +442,14 @@ def analyze(
         mesh_shape={k: int(v) for k, v in mesh.shape.items()},
         memory=memory_stats(compiled),
         hbm_bytes=hbm_bytes,
-        collectives=count_collectives(compiled.as_text()),
+        collectives=count_collectives(hlo),
         flops_per_step=float(flops_per_step),
-        xla_flops_per_device=_xla_flops(compiled),
+        cost=cost_stats(compiled, hlo),
+        loops=count_loops(hlo),
+        conditionals=count_conditionals(hlo),
+        x64_emulation_calls=count_x64_emulation(hlo),
         peak_flops_per_device=peak_flops_per_device,
+        hbm_bandwidth=hbm_bandwidth,
         lower_seconds=lower_seconds,
         compile_seconds=compile_seconds,
     )
@@ -230,12 +458,13 @@ def analyze(
 # --- TPU topology ------------------------------------------------------------------------------
 
 
-def _quiet_libtpu() -> None:
+def _quiet_libtpu(topology: str) -> None:
     # Off a TPU VM libtpu would query the GCE metadata server (and warn) and take
-    # /tmp/libtpu_lockfile, which makes a second process (pytest -n 2) fail to load it.
+    # /tmp/libtpu_lockfile, which makes a second process (pytest -n 2) fail to load it. Without an
+    # accelerator type it warns that it cannot find the host bounds.
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v4-64")
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", topology.replace("v5e", "v5litepod"))
 
 
 def topology_devices(topology: str = "v4-64"):
@@ -247,26 +476,29 @@ def topology_devices(topology: str = "v4-64"):
             "libtpu is not importable: pip install 'jax[tpu]==<your jax version>' "
             "(for jax 0.10.2: pip install 'libtpu==0.0.42.*')"
         )
-    _quiet_libtpu()  # before libtpu loads (get_topology_desc)
+    _quiet_libtpu(topology)  # before libtpu loads (get_topology_desc)
     spec = TOPOLOGIES[topology]
     desc = topologies.get_topology_desc(
         platform="tpu",
-        topology_name=spec["topology_name"],
-        chip_config_name="megacore",
+        topology_name=spec.topology_name,
+        chip_config_name=spec.chip_config,
         chips_per_host_bounds=(2, 2, 1),
-        wrap=spec["wrap"],
+        wrap=spec.wrap,
     )
     return list(desc.devices)
 
 
 def aot_compile(
-    overrides: Sequence[str], *, topology: str = "v4-64", hbm_bytes: int = V4_HBM_BYTES
+    overrides: Sequence[str], *, topology: str = "v4-64", hbm_bytes: int | None = None
 ) -> AOTReport:
-    """Compose the config, build the real step on the topology's mesh, compile, analyse."""
-    devices = topology_devices(topology)
-
+    """Compose the config, build the real step on the topology's mesh, compile, analyse.
+    `hbm_bytes`: what the step must fit in per device (default: the slice's chip)."""
     cfg = load_config(list(overrides))  # exactly as train.main composes and validates it
-    enable_x64_if_needed(cfg)  # as train.trainer.train: TRM's float64 stablemax loss
+    # as the trainer does on the slice (every slice in TOPOLOGIES is a TPU), before libtpu loads
+    mesh_lib.check_backend(cfg, "tpu")
+    spec = TOPOLOGIES.get(topology)
+    devices = topology_devices(topology)
+    enable_x64_if_needed(cfg)  # as train.trainer.train
     mesh = mesh_lib.make_mesh(cfg.mesh, devices=devices)
     # need_data=False: sizes that come from the dataset (vocab, seq_len, ids) come from the config
     task = make_task(cfg, mesh, need_data=False)
@@ -282,8 +514,9 @@ def aot_compile(
         topology=topology,
         mesh=mesh,
         flops_per_step=task.flops_per_step,
-        hbm_bytes=hbm_bytes,
-        peak_flops_per_device=peak_flops_for("TPU v4"),
+        hbm_bytes=spec.hbm_bytes if hbm_bytes is None else hbm_bytes,
+        peak_flops_per_device=peak_flops_for(spec.chip),
+        hbm_bandwidth=spec.hbm_bandwidth,
         lower_seconds=t_lower,
         compile_seconds=t_compile,
     )
@@ -292,16 +525,10 @@ def aot_compile(
 def _explain_failure(message: str) -> str:
     """One line on what a compile failure means for the run (tested on the real messages)."""
     if "memory space vmem" in message:
-        hint = (
+        return (
             "the step does NOT compile: one op needs more on-chip vector memory (vmem) than the "
             "TPU has; this is not HBM capacity, a smaller batch will not help"
         )
-        if jax.config.jax_enable_x64:
-            hint += (
-                ". jax x64 is on (TRM's float64 loss): 64-bit ops are emulated on TPU; try "
-                "optim.loss_dtype=float32 (docs/sharding.md)"
-            )
-        return hint
     if "RESOURCE_EXHAUSTED" in message or "out of memory" in message.lower():
         return "the step does NOT fit in device memory (compile-time OOM)"
     return "the step could not be built or compiled (see the error above)"
@@ -311,22 +538,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m train.aot",
         description="Compile the train step for a TPU slice without a TPU; print memory, "
-        "collectives and FLOPs. Arguments without -- are Hydra overrides, as for train.main.",
+        "collectives, FLOPs and the compiler's predicted step time. Arguments without -- are "
+        "Hydra overrides, as for train.main.",
     )
     p.add_argument("--topology", default="v4-64", choices=sorted(TOPOLOGIES))
     p.add_argument("--json", help="also write the report as JSON to this path")
     p.add_argument(
         "--hbm-gib",
         type=float,
-        default=V4_HBM_BYTES / GiB,
-        help="device memory to fit in (default: a v4 chip's 32 GiB; lower it to keep headroom)",
+        help="device memory to fit in (default: the slice's chip, 32 GiB on a v4; lower it to keep "
+        "headroom)",
     )
     args, overrides = p.parse_known_args(argv)
     bad = [o for o in overrides if o.startswith("-")]
     if bad:
         p.error(f"unknown option(s) {bad}")
     try:
-        report = aot_compile(overrides, topology=args.topology, hbm_bytes=int(args.hbm_gib * GiB))
+        hbm = None if args.hbm_gib is None else int(args.hbm_gib * GiB)
+        report = aot_compile(overrides, topology=args.topology, hbm_bytes=hbm)
+    except ConfigError as e:  # one line naming the key
+        print(f"train.aot: {e}", file=sys.stderr)
+        return 1
     except Exception as e:  # noqa: BLE001 - a compile OOM/config error is the answer, say it clearly
         print(f"train.aot: {type(e).__name__}: {e}", file=sys.stderr)
         print(f"train.aot: {_explain_failure(str(e))}", file=sys.stderr)

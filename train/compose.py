@@ -57,6 +57,8 @@ def composition_error(e: BaseException) -> str:
             known = {f.name for f in dataclasses.fields(cls)}
             return config_lib.unknown_keys_message(section, [name], known, cls.__name__)
     top = one_line(e, limit=10_000)
+    if "interpolation '${experiment}'" in top:  # mesh=v4-64 reads configs/tpu/<experiment>.yaml
+        return "config error: no experiment given: did you forget +experiment=NAME (configs/experiment/)?"
     if root is e:
         return f"config error: {top}"
     return f"config error: {top}: {f'{key}: ' if key else ''}{reason}"

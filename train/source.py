@@ -34,7 +34,7 @@ from train import jit as jit_lib
 from train.checkpoint import Checkpointer
 from train.compose import apply_overrides, load_config, load_run_config, validate
 from train.errors import ConfigError, one_line
-from train.mesh import make_mesh
+from train.mesh import check_backend, make_mesh
 
 KINDS = ("run", "nanogpt", "upstream_trm", "hf_gpt2")
 _NAMES = {
@@ -178,9 +178,11 @@ def _make_task(cfg, single_device: bool, *, need_data: bool):
         with open_dict(cfg):
             cfg.mesh.update(data=1, fsdp=1, tensor=1, param_sharding="replicate")
         devices = jax.devices()[:1]
-    families.enable_x64_if_needed(cfg)
     try:
-        return families.make_task(cfg, make_mesh(cfg.mesh, devices), need_data=need_data)
+        mesh = make_mesh(cfg.mesh, devices)
+        check_backend(cfg, mesh.devices.flat[0].platform)  # e.g. no float64 loss on a TPU
+        families.enable_x64_if_needed(cfg)
+        return families.make_task(cfg, mesh, need_data=need_data)
     except (ValueError, FileNotFoundError) as e:  # ConfigError included
         raise SourceError(one_line(e)) from e
 

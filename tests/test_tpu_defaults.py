@@ -1,0 +1,95 @@
+"""The v4-64 defaults are the recommended ones, and what a TPU cannot run is refused in one line.
+
+`mesh=v4-64` replicates params (docs/sharding.md, "Defaults on a v4-64") and merges
+configs/tpu/<experiment>.yaml, which gives every TRM experiment the float32 loss
+(docs/sharding.md, "float64 on a TPU"); `mesh=cpu` / `mesh=gpu` keep upstream's float64.
+`train.mesh.check_backend` refuses the float64 loss on a TPU. Composition only: no compile.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+
+from tests.helpers import REPO
+from train.compose import load_config
+from train.config import ConfigError
+from train.mesh import check_backend
+
+EXPERIMENTS = sorted(
+    os.path.splitext(os.path.basename(p))[0]
+    for p in glob.glob(os.path.join(REPO, "configs", "experiment", "*.yaml"))
+)
+TRM_EXPERIMENTS = [e for e in EXPERIMENTS if load_config([f"+experiment={e}"]).task == "trm"]
+
+
+def test_the_experiment_lists_are_not_empty():
+    assert "trm_sudoku" in TRM_EXPERIMENTS and "gpt2_124m" in EXPERIMENTS
+    assert "gpt2_124m" not in TRM_EXPERIMENTS
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_mesh_v4_64_gives_the_recommended_settings_that_a_tpu_accepts(experiment):
+    """The plain `+experiment=NAME mesh=v4-64` is a run a TPU accepts, with params replicated.
+    A new TRM experiment without its configs/tpu/ file fails here."""
+    cfg = load_config([f"+experiment={experiment}", "mesh=v4-64"])
+    assert (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor) == (1, 32, 1)
+    assert cfg.mesh.param_sharding == "replicate"
+    check_backend(cfg, "tpu")  # raises ConfigError for a float64 loss
+    if cfg.task == "trm":
+        assert cfg.optim.loss_dtype == "float32"
+
+
+@pytest.mark.parametrize("mesh", ["cpu", "gpu"])
+@pytest.mark.parametrize("experiment", TRM_EXPERIMENTS)
+def test_other_meshes_keep_upstreams_float64_loss(experiment, mesh):
+    cfg = load_config([f"+experiment={experiment}", f"mesh={mesh}"])
+    assert cfg.optim.loss_dtype == "float64"
+    check_backend(cfg, "gpu")  # GPUs and CPUs have float64
+    check_backend(cfg, "cpu")
+
+
+def test_the_experiments_own_values_and_the_command_line_still_win():
+    """The TPU file is merged right after configs/mesh/v4-64.yaml, before the experiment's own
+    keys; a command-line override wins over both."""
+    cfg = load_config(
+        [
+            "+experiment=trm_sudoku",
+            "mesh=v4-64",
+            "mesh.param_sharding=fsdp",
+            "optim.loss_dtype=float64",
+            "optim.lr=3e-4",
+        ]
+    )
+    assert cfg.mesh.param_sharding == "fsdp" and cfg.optim.loss_dtype == "float64"
+    assert cfg.optim.lr == 3e-4
+    # everything else of the experiment is untouched by mesh=v4-64
+    plain = load_config(["+experiment=trm_sudoku"])
+    tpu = load_config(["+experiment=trm_sudoku", "mesh=v4-64"])
+    assert {k: v for k, v in tpu.optim.items() if k != "loss_dtype"} == {
+        k: v for k, v in plain.optim.items() if k != "loss_dtype"
+    }
+    assert tpu.model == plain.model and tpu.trainer == plain.trainer
+
+
+def test_a_float64_loss_on_a_tpu_is_refused_in_one_line():
+    cfg = load_config(["+experiment=trm_sudoku"])  # mesh=cpu: float64, e.g. on a single TPU VM
+    with pytest.raises(ConfigError) as e:
+        check_backend(cfg, "tpu")
+    message = str(e.value)
+    assert "\n" not in message
+    assert message.startswith("optim.loss_dtype=float64")
+    assert "set optim.loss_dtype=float32" in message
+
+
+def test_gpt_runs_pass_the_backend_check_everywhere():
+    cfg = load_config(["+experiment=gpt_shakespeare_char_tiny"])
+    for platform in ("cpu", "gpu", "tpu"):
+        check_backend(cfg, platform)
+
+
+def test_mesh_v4_64_without_an_experiment_names_the_experiment():
+    with pytest.raises(ConfigError, match="experiment"):
+        load_config(["mesh=v4-64"])
