@@ -138,7 +138,7 @@ _TRAP_NUMBER = re.compile(r"\btraps?\s+\d+\b", re.I)
 
 
 def test_no_trap_is_cited_by_number():
-    """Traps have stable names: a citation like `trap 13` breaks silently when a list is
+    """Traps have stable names: a citation by number breaks silently when a list is
     reordered. Cite `docs/<file>.md, "<trap title>"` instead."""
     bad = []
     for path in SOURCES:
