@@ -26,7 +26,8 @@ def export(source: str, out: str, step: int | None = None) -> str:
     import torch  # lazy: only this command needs torch (the trainer never imports it)
 
     src = open_source(source, step=step)
-    meta = {"step": src.step or 0, **src.meta}
+    # a run's checkpoint meta has step and best; a nanoGPT ckpt.pt has iter_num and best_val_loss
+    meta = {"step": src.step or 0, "best": src.meta.get("best_val_loss"), **src.meta}
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     torch.save(src.task.torch_checkpoint(src.state, meta), out)
     return out
