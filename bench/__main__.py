@@ -1,4 +1,5 @@
-"""`python -m bench [...]` (step-time benchmark) and `python -m bench ttq [...]` (time to quality)."""
+"""`python -m bench [...]` (step-time benchmark), `python -m bench ttq [...]` (time to quality) and
+`python -m bench curves [...]` (whole runs against upstream's own code)."""
 
 import sys
 
@@ -9,6 +10,10 @@ def _main() -> None:
         from bench.ttq import main as ttq_main
 
         ttq_main(argv[1:])
+    elif argv and argv[0] == "curves":
+        from bench.curves import main as curves_main
+
+        curves_main(argv[1:])
     else:
         from bench.harness import main
 
