@@ -133,7 +133,7 @@ def port_run(task, state, steps):
     as the fixture, and the final state."""
     step_fn = jax.jit(task.train_step)
     out = []
-    for exact_up, floats_up, inputs in steps:
+    for _, floats_up, inputs in steps:
         batch = {k[len("batch.") :]: jnp.asarray(v) for k, v in inputs.items() if "batch." in k}
         draws = (jnp.asarray(inputs["explore_u"]), jnp.asarray(inputs["explore_k"]))
         state, metrics = step_fn(state, batch, draws)
