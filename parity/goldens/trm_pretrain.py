@@ -29,8 +29,9 @@ import types
 from pathlib import Path
 
 # what pretrain.py and adam-atan2's test module import that the base install lacks: the
-# `goldens` extra of pyproject.toml (pydantic, hydra, wandb, tqdm come with the base install)
-GOLDENS_EXTRA = ("einops", "coolname", "pytest")
+# `goldens` extra of pyproject.toml, with torch (hydra, wandb, tqdm, yaml come with the base
+# install; pydantic too, through wandb, but pretrain.py imports it, so the extra names it)
+GOLDENS_EXTRA = ("einops", "coolname", "pydantic", "pytest")
 DEVICE_REWRITES = (('"cuda"', '"cpu"'), (".cuda()", ".cpu()"))
 
 
