@@ -20,7 +20,8 @@ Recorded per run: every evaluation (step, metric value, seconds since the proces
 start-up and the first call are included), the exit status and the wall time. Summarised per
 config: per evaluation step each side's mean, min and max over seeds and whether the JAX mean lies
 within upstream's [min, max] ("within spread"); per side the time to the target (the first
-evaluation at or past it; median over seeds). Output: OUT/curves.json, OUT/<run>.log, the figure.
+evaluation at or past it; median over seeds). Output: OUT/curves.json, OUT/curves.md (the tables),
+OUT/<run>.log, the figure.
 """
 
 from __future__ import annotations
@@ -203,6 +204,7 @@ def _timed_lines(cmd: list[str], cwd: Path, env: dict, log: Path, timeout_s: flo
             for line in proc.stdout:
                 t = time.monotonic() - t0
                 f.write(line)
+                f.flush()  # the log can be followed while the run goes on
                 yield t, line.rstrip("\n")
                 if t > timeout_s:
                     proc.kill()
@@ -424,6 +426,43 @@ def write_plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def markdown(result: dict) -> str:
+    """Per config: one row per evaluation step (each side's mean and [min, max] over seeds, the
+    JAX mean within upstream's spread or not), then the time to target of each side."""
+    lines = [
+        f"`{result['command']}` at {result['started_utc']}; machine: {result['machine']['cpu']}, "
+        f"{result['machine']['cpu_cores']} cores; load average before: {result['loadavg_start']}."
+    ]
+    for name, rec in result["configs"].items():
+        s = rec["summary"]
+        impls = list(rec["runs"])
+        seeds = {i: len(rec["runs"][i]) for i in impls}
+        lines += ["", f"**{name}** ({s['metric']}; seeds: "
+                  + ", ".join(f"{i} {n}" for i, n in seeds.items()) + ")", ""]  # fmt: skip
+        head = [
+            "step",
+            *[f"{i} mean [min, max]" for i in impls],
+            "jax mean within upstream's spread",
+        ]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for row in s["per_step"]:
+            cells = [str(row["step"])]
+            for i in impls:
+                v = row.get(i)
+                cells.append(f"{v['mean']:.4f} [{v['min']:.4f}, {v['max']:.4f}]" if v else "")
+            w = row.get("jax_within_spread")
+            cells.append("" if w is None else ("yes" if w else "**no**"))
+            lines.append("| " + " | ".join(cells) + " |")
+        op = "<=" if s["mode"] == "min" else ">="
+        lines += ["", f"time to {s['metric']} {op} {s['target']} (first evaluation there, "
+                  "seconds since the process started, median over seeds):"]  # fmt: skip
+        for i, v in s["time_to_target"].items():
+            walls = [r["wall_s"] for r in rec["runs"][i].values()]
+            lines.append(f"- {i}: {v['median_s']} s ({v['reached']}/{v['seeds']} seeds reached it); "
+                         f"whole run {statistics.median(walls):.0f} s (median)")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m bench curves", description=__doc__.split("\n\n")[0])
     p.add_argument("--configs", default=",".join(CURVES))
@@ -434,6 +473,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default="bench/results/curves")
     p.add_argument("--plot", help="PNG path (default OUT/curves.png)")
     p.add_argument("--timeout-s", type=float, default=3600.0, help="per run")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the runs OUT/curves.json already holds (same config, side and seed, exit 0) "
+        "and run only the missing ones: add seeds, or finish an interrupted comparison",
+    )
     a = p.parse_args(argv)
     names, impls = a.configs.split(","), a.impls.split(",")
     for n in names:
@@ -449,6 +494,11 @@ def main(argv: list[str] | None = None) -> dict:
                            detect_device())  # fmt: skip
     result["upstream_commits"] = {k: _commit(v) for k, v in srcs.items()}
     result["configs"] = {}
+    earlier = {}
+    if a.resume and (out / JSON_NAME).exists():
+        earlier = json.loads((out / JSON_NAME).read_text()).get("configs", {})
+        # configs not asked for this time stay in the result (and the figure) as they were
+        result["configs"] = {k: v for k, v in earlier.items() if k not in names}
     with tempfile.TemporaryDirectory(prefix="bench-curves-") as tmp:
         for name in names:
             curve = CURVES[name]
@@ -458,6 +508,11 @@ def main(argv: list[str] | None = None) -> dict:
                 seed = curve.base_seed + k
                 for impl in impls:
                     log = out / f"{name}-{impl}-seed{seed}.log"
+                    kept = earlier.get(name, {}).get("runs", {}).get(impl, {}).get(str(seed))
+                    if kept and kept["returncode"] == 0:
+                        print(f"[curves] {name} {impl} seed {seed}: kept from {out / JSON_NAME}")
+                        runs[impl][str(seed)] = kept
+                        continue
                     print(f"[curves] {name} {impl} seed {seed} ...", flush=True)
                     if impl == "jax":
                         r = run_jax(curve, seed, data, Path(tmp), log, a.timeout_s)
@@ -469,23 +524,30 @@ def main(argv: list[str] | None = None) -> dict:
                     if r["returncode"] != 0:
                         raise SystemExit(f"bench curves: {name} {impl} seed {seed} failed: {log}")
                     runs[impl][str(seed)] = r
-            result["configs"][name] = {
-                "curve": dataclasses.asdict(curve),
-                "data": data,
-                "runs": runs,
-                "summary": summarise(curve, runs),
-            }
-            (out / JSON_NAME).write_text(json.dumps(result, indent=1) + "\n")
+                    _save(out, result, name, curve, data, runs)
+            _save(out, result, name, curve, data, runs)
     plot = Path(a.plot) if a.plot else out / "curves.png"
     write_plot(result, plot)
+    (out / "curves.md").write_text(markdown(result))
     for name, rec in result["configs"].items():
         s = rec["summary"]
         print(f"[curves] {name}: jax mean within upstream's seed spread at {s['within_spread']} "
               f"evaluations; time to {s['metric']} {'<=' if s['mode'] == 'min' else '>='} "
               f"{s['target']}: " + ", ".join(f"{i} {v['median_s']} s ({v['reached']}/{v['seeds']})"
                                               for i, v in s["time_to_target"].items()))  # fmt: skip
-    print(f"[curves] wrote {out / JSON_NAME} and {plot}")
+    print(f"[curves] wrote {out / JSON_NAME}, {out / 'curves.md'} and {plot}")
     return result
+
+
+def _save(out: Path, result: dict, name: str, curve: Curve, data: str, runs: dict) -> None:
+    """Write OUT/curves.json after every run, so an interrupted comparison loses one run at most."""
+    result["configs"][name] = {
+        "curve": dataclasses.asdict(curve),
+        "data": data,
+        "runs": runs,
+        "summary": summarise(curve, runs),
+    }
+    (out / JSON_NAME).write_text(json.dumps(result, indent=1) + "\n")
 
 
 def _commit(src: Path) -> str:

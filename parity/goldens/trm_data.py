@@ -155,7 +155,7 @@ def generate_arc_eval(imp, out: Path) -> list[str]:
     return ["trm_arc_eval.npz", "trm_arc_eval.json"]
 
 
-DATASET_BUILD = dict(train=6, test=5, blanks=8, num_aug=1, seed=0)
+DATASET_BUILD = dict(train=6, test=5, blanks=8, num_aug=1, seed=0, unique=0)
 BATCH = 4
 EPOCHS_PER_ITER = 2
 

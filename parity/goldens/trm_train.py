@@ -65,7 +65,9 @@ from parity.goldens.trm import perturb_f32_ulp, recorded_draws
 SEED = 0
 ENVELOPE_SEEDS = (1, 2)
 EVAL_ENVELOPE_SEEDS = (3, 4)
-DATA = dict(train=24, test=10, blanks=8, num_aug=1)  # data.sudoku_easy: 10 epochs x 6 batches
+DATA = dict(
+    train=24, test=10, blanks=8, num_aug=1, unique=0
+)  # data.sudoku_easy: 10 epochs x 6 batches
 DATA_DIR = "data"  # relative to the working directory of the run (paths in all_config.yaml)
 CHECKPOINT_DIR = "checkpoint"
 CARRY_EVERY = 20

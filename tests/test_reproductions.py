@@ -1,0 +1,88 @@
+"""Whole runs that CI keeps (slow tier): the CPU experiments reach what upstream's own code reaches.
+
+Each test runs `python -m train.main +experiment=...` as a user does (only folders, logging and the
+compilation cache differ) and checks the run's own metrics.jsonl / `train.evaluate` report:
+
+- gpt_shakespeare_char_cpu (nanoGPT's README CPU recipe): eval/val_loss <= GPT_VAL_LOSS_MAX at
+  iteration 2000. nanoGPT's README says 1.88; upstream's train.py measured here: 1.8857 (seed 1337),
+  upstream seeds 1337-1339 and ours side by side: docs/benchmarks.md, "Whole runs against upstream".
+- trm_sudoku_cpu: held-out exact accuracy >= TRM_EXACT_MIN at the end (the measured seed range
+  minus a margin, same section), and the recursion matters: the last ACT step's exact accuracy
+  beats the first by >= TRM_ACT_GAIN_MIN.
+- the `make demo` run (trm_sudoku_tiny): its held-out exact accuracy rises across ACT steps by
+  >= DEMO_ACT_GAIN_MIN (the demo shows refinement, not puzzles already solved at step 1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO, losses
+
+pytestmark = pytest.mark.slow
+
+GPT_VAL_LOSS_MAX = 1.95  # the issue's bound; measured values in the module docstring's section
+TRM_EXACT_MIN = None  # set from the measured seed range (docs/benchmarks.md)
+TRM_ACT_GAIN_MIN = None
+DEMO_ACT_GAIN_MIN = None
+
+
+def _train(experiment: str, out_dir, name: str, *overrides: str, timeout: float) -> str:
+    cmd = [
+        sys.executable,
+        "-m",
+        "train.main",
+        f"+experiment={experiment}",
+        f"run.out_dir={out_dir}",
+        f"run.name={name}",
+        "logging.wandb=disabled",
+        "trainer.progress_bar=false",
+        "run.compilation_cache_dir=null",
+        *overrides,
+    ]
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return os.path.join(out_dir, name)
+
+
+def _evaluate(run_dir: str, out_json) -> dict:
+    cmd = [sys.executable, "-m", "train.evaluate", run_dir, "--json", str(out_json)]
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return json.loads(out_json.read_text())
+
+
+def test_gpt_shakespeare_char_cpu_reaches_nanogpts_loss(tmp_path, shared_data_dir):
+    run = _train(
+        "gpt_shakespeare_char_cpu",
+        tmp_path,
+        "gpt_cpu",
+        f"data.path={tmp_path / 'data'}",
+        f"data.input={os.path.join(shared_data_dir, 'tinyshakespeare', 'input.txt')}",
+        timeout=1500,
+    )
+    val = losses(run, "eval/val_loss")
+    assert val[2000] <= GPT_VAL_LOSS_MAX, val
+
+
+def test_trm_sudoku_cpu_reaches_the_measured_accuracy_and_uses_its_act_steps(tmp_path):
+    run = _train(
+        "trm_sudoku_cpu", tmp_path, "trm_cpu", f"data.path={tmp_path / 'data'}", timeout=2400
+    )
+    report = _evaluate(run, tmp_path / "eval.json")
+    per_step = report["per_step"]["exact_accuracy"]
+    assert report["exact_accuracy"] >= TRM_EXACT_MIN, report
+    assert per_step[-1] - per_step[0] >= TRM_ACT_GAIN_MIN, per_step
+
+
+def test_demo_accuracy_rises_across_act_steps(tmp_path):
+    run = _train(
+        "trm_sudoku_tiny", tmp_path, "demo", f"data.path={tmp_path / 'data'}", timeout=1200
+    )
+    per_step = _evaluate(run, tmp_path / "eval.json")["per_step"]["exact_accuracy"]
+    assert per_step[-1] - per_step[0] >= DEMO_ACT_GAIN_MIN, per_step
