@@ -21,21 +21,23 @@ start-up and the first call are included), the exit status and the wall time. Su
 config: per evaluation step each side's mean, min and max over seeds and whether the JAX mean lies
 within upstream's [min, max] ("within spread"); per side the time to the target (the first
 evaluation at or past it; median over seeds). Output: OUT/curves.json, OUT/curves.md (the tables),
-OUT/<run>.log, the figure.
+OUT/<run>.log, OUT/runs/<run>/ (the JAX run directories, for `python -m train.evaluate`; upstream's
+checkpoints), the figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -241,6 +243,7 @@ def _env() -> dict:
 
 def run_jax(curve: Curve, seed: int, data: str, work: Path, log: Path, timeout_s: float) -> dict:
     name = f"{curve.experiment}-jax-seed{seed}"
+    shutil.rmtree(work / name, ignore_errors=True)  # a left-over run would be resumed, not rerun
     cmd = [
         sys.executable,
         "-m",
@@ -278,6 +281,7 @@ def run_upstream(
     curve: Curve, seed: int, data: str, work: Path, log: Path, timeout_s: float, srcs: dict
 ) -> dict:
     out = work / f"{curve.experiment}-upstream-seed{seed}"
+    shutil.rmtree(out, ignore_errors=True)
     base = [sys.executable, "-m", "bench.upstream_runs"]
     if curve.family == "gpt":
         if "nanogpt" not in srcs:
@@ -401,7 +405,8 @@ def write_plot(result: dict, path: Path) -> None:
     for ax, (name, rec) in zip(axes[0], configs.items()):
         s = rec["summary"]
         for impl in rec["runs"]:
-            rows = [r for r in s["per_step"] if impl in r]
+            # step 0 (nanoGPT evaluates before training: ln 65) would squash the scale
+            rows = [r for r in s["per_step"] if impl in r and r["step"] > 0]
             x = [r["step"] for r in rows]
             mean = [r[impl]["mean"] for r in rows]
             lo = [r[impl]["min"] for r in rows]
@@ -411,6 +416,11 @@ def write_plot(result: dict, path: Path) -> None:
             label = {"jax": "this trainer (JAX)", "upstream": "upstream's code"}.get(impl, impl)
             ax.plot(x, mean, color=c, marker="o", ms=3, label=f"{label}, mean of {n} seeds")
             ax.fill_between(x, lo, hi, color=c, alpha=0.2)
+            for run in rec["runs"][impl].values():
+                ev = [e for e in run["evals"] if e["step"] > 0]
+                ax.plot(
+                    [e["step"] for e in ev], [e["value"] for e in ev], color=c, lw=0.5, alpha=0.4
+                )
         ax.axhline(s["target"], color="gray", lw=0.8, ls=":")
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("optimizer step")
@@ -418,7 +428,9 @@ def write_plot(result: dict, path: Path) -> None:
         ax.legend(fontsize=8)
     m = result["machine"]
     fig.suptitle(
-        f"evaluation curves, seed min-max band ({m['cpu']}, {m['cpu_cores']} cores)", fontsize=9
+        f"evaluation curves: mean, seed min-max band, each seed thin ({m['cpu']}, "
+        f"{m['cpu_cores']} cores)",
+        fontsize=9,
     )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -488,6 +500,8 @@ def main(argv: list[str] | None = None) -> dict:
         if i not in ("jax", "upstream"):
             raise SystemExit(f"bench curves: unknown impl {i!r}; known: jax, upstream")
     srcs = upstream_sources(a.upstream_src) if "upstream" in impls else {}
+    if importlib.util.find_spec("matplotlib") is None:  # before any run, not after an hour of them
+        raise SystemExit("bench curves: the figure needs matplotlib: pip install -e '.[plot]'")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     result = result_header("curves", "python -m bench curves " + shlex.join(argv or sys.argv[1:]),
@@ -499,33 +513,33 @@ def main(argv: list[str] | None = None) -> dict:
         earlier = json.loads((out / JSON_NAME).read_text()).get("configs", {})
         # configs not asked for this time stay in the result (and the figure) as they were
         result["configs"] = {k: v for k, v in earlier.items() if k not in names}
-    with tempfile.TemporaryDirectory(prefix="bench-curves-") as tmp:
-        for name in names:
-            curve = CURVES[name]
-            data = prepare_data(curve, a.input)
-            runs: dict[str, dict] = {i: {} for i in impls}
-            for k in range(a.seeds):
-                seed = curve.base_seed + k
-                for impl in impls:
-                    log = out / f"{name}-{impl}-seed{seed}.log"
-                    kept = earlier.get(name, {}).get("runs", {}).get(impl, {}).get(str(seed))
-                    if kept and kept["returncode"] == 0:
-                        print(f"[curves] {name} {impl} seed {seed}: kept from {out / JSON_NAME}")
-                        runs[impl][str(seed)] = kept
-                        continue
-                    print(f"[curves] {name} {impl} seed {seed} ...", flush=True)
-                    if impl == "jax":
-                        r = run_jax(curve, seed, data, Path(tmp), log, a.timeout_s)
-                    else:
-                        r = run_upstream(curve, seed, data, Path(tmp), log, a.timeout_s, srcs)
-                    last = r["evals"][-1] if r["evals"] else {}
-                    print(f"[curves]   exit {r['returncode']}, {r['wall_s']:.0f} s, last eval "
-                          f"{last.get('step')}: {last.get('value')}  (log: {log})", flush=True)  # fmt: skip
-                    if r["returncode"] != 0:
-                        raise SystemExit(f"bench curves: {name} {impl} seed {seed} failed: {log}")
-                    runs[impl][str(seed)] = r
-                    _save(out, result, name, curve, data, runs)
-            _save(out, result, name, curve, data, runs)
+    runs_dir = out / "runs"  # every run's own folder (run directories, upstream checkpoints)
+    for name in names:
+        curve = CURVES[name]
+        data = prepare_data(curve, a.input)
+        runs: dict[str, dict] = {i: {} for i in impls}
+        for k in range(a.seeds):
+            seed = curve.base_seed + k
+            for impl in impls:
+                log = out / f"{name}-{impl}-seed{seed}.log"
+                kept = earlier.get(name, {}).get("runs", {}).get(impl, {}).get(str(seed))
+                if kept and kept["returncode"] == 0:
+                    print(f"[curves] {name} {impl} seed {seed}: kept from {out / JSON_NAME}")
+                    runs[impl][str(seed)] = kept
+                    continue
+                print(f"[curves] {name} {impl} seed {seed} ...", flush=True)
+                if impl == "jax":
+                    r = run_jax(curve, seed, data, runs_dir, log, a.timeout_s)
+                else:
+                    r = run_upstream(curve, seed, data, runs_dir, log, a.timeout_s, srcs)
+                last = r["evals"][-1] if r["evals"] else {}
+                print(f"[curves]   exit {r['returncode']}, {r['wall_s']:.0f} s, last eval "
+                      f"{last.get('step')}: {last.get('value')}  (log: {log})", flush=True)  # fmt: skip
+                if r["returncode"] != 0:
+                    raise SystemExit(f"bench curves: {name} {impl} seed {seed} failed: {log}")
+                runs[impl][str(seed)] = r
+                _save(out, result, name, curve, data, runs)
+        _save(out, result, name, curve, data, runs)
     plot = Path(a.plot) if a.plot else out / "curves.png"
     write_plot(result, plot)
     (out / "curves.md").write_text(markdown(result))
