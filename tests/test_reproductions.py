@@ -35,6 +35,14 @@ TRM_ACT_GAIN_MIN = 0.3
 DEMO_ACT_GAIN_MIN = 0.2
 
 
+def _env() -> dict:
+    """The environment a user runs in: one CPU device (conftest.py asks for 8 fake ones)."""
+    env = dict(os.environ)
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    env["XLA_FLAGS"] = " ".join(flags)
+    return env
+
+
 def _train(experiment: str, out_dir, name: str, *overrides: str, timeout: float) -> str:
     cmd = [
         sys.executable,
@@ -48,14 +56,14 @@ def _train(experiment: str, out_dir, name: str, *overrides: str, timeout: float)
         "run.compilation_cache_dir=null",
         *overrides,
     ]
-    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return os.path.join(out_dir, name)
 
 
 def _evaluate(run_dir: str, out_json) -> dict:
     cmd = [sys.executable, "-m", "train.evaluate", run_dir, "--json", str(out_json)]
-    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return json.loads(out_json.read_text())
 

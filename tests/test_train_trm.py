@@ -95,7 +95,7 @@ def test_trm_kill_and_resume_is_bit_identical(sudoku_dir, tmp_path):
 def test_trm_sudoku_tiny_learns(tmp_path):
     """`python -m train.main +experiment=trm_sudoku_tiny` from nothing (it builds its own offline
     data) learns: exact accuracy on the HELD-OUT test grids goes from 0 to well above 0 within
-    500 steps (half the demo's schedule; the full demo reaches ~1.0 at step 1000)."""
+    1000 steps (half the demo's schedule; the demo measured 0.98 at step 1000, 0.90 at its end)."""
     out, data = str(tmp_path / "runs"), str(tmp_path / "sudoku-tiny")
     cmd = [
         sys.executable,
@@ -104,7 +104,7 @@ def test_trm_sudoku_tiny_learns(tmp_path):
         "+experiment=trm_sudoku_tiny",
         f"run.out_dir={out}",
         f"data.path={data}",
-        "trainer.epochs=80",
+        "trainer.epochs=160",
         "trainer.progress_bar=false",
         "logging.wandb=disabled",
         "run.compilation_cache_dir=null",  # never write into the real ~/.cache from a test
