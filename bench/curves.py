@@ -320,23 +320,12 @@ def run_upstream(
 
 
 def prepare_data(curve: Curve, input_path: str | None) -> str:
-    """The experiment's data set, built by our builders if missing (as the trainer builds it)."""
-    cfg = trainer_config(curve)
-    d = cfg["data"]
-    path = d["path"]
-    if curve.family == "gpt":
-        if not (Path(path) / "train.bin").exists():
-            from data.shakespeare_char import build
+    """The experiment's data set, built by our builders if missing (bench ttq's preparation, which
+    builds it as the trainer does); its absolute path."""
+    from bench.ttq import prepare_data as build_if_missing
 
-            build(path, input_path=input_path or d.get("input") or None)
-        return str(Path(path).resolve())
-    if not (Path(path) / "train" / "dataset.json").exists():
-        import importlib
-
-        builder = d["build"]
-        module = builder if "." in builder else f"data.{builder}"
-        importlib.import_module(module).main([*d.get("build_args", []), "--output-dir", path])
-    return str(Path(path).resolve())
+    rc = {"config": curve.experiment, "family": curve.family, "trainer_cfg": trainer_config(curve)}
+    return str(Path(build_if_missing(rc, None, input_path)).resolve())
 
 
 # ----------------------------------------------------------------------------------------------
