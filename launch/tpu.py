@@ -34,6 +34,8 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from train.config import RunConfig
+
 DEFAULT_ZONE = "us-central2-b"  # where public v4 capacity lives
 DEFAULT_NAME = "trm-v4-64"
 DEFAULT_ACCELERATOR = "v4-64"
@@ -334,14 +336,20 @@ def run_script(
 
     The worker id comes from the metadata server (the id jax.distributed uses), falling back to
     the hostname off Cloud. A still-running process of the same run is an error, never a second
-    copy: two trainers on one host would fight over its 4 chips.
+    copy: two trainers on one host would fight over its 4 chips. A run directory another trainer
+    holds (another slice, an old job) is refused with the trainer's own line (train/rundir.py).
     """
     q = shlex.quote
     log_dir = _log_dir(run_name)
+    out_dir = next(
+        (o.split("=", 1)[1] for o in reversed(overrides) if o.startswith(f"{OUT_DIR_KEY}=")),
+        RunConfig.out_dir,
+    )
+    python = f"{REMOTE_VENV}/bin/python"
     metadata = (
         "http://metadata.google.internal/computeMetadata/v1/instance/attributes/agent-worker-number"
     )
-    train = " ".join([f"{REMOTE_VENV}/bin/python", "-m", "train.main", *map(q, overrides)])
+    train = " ".join([python, "-m", "train.main", *map(q, overrides)])
     lines = [
         "set -euo pipefail",
         f"mkdir -p {log_dir}",
@@ -354,6 +362,7 @@ def run_script(
         "fi",
         f"cd {REMOTE_DIR}",
         *(f"export {q(item)}" for item in env),
+        f"{python} -m train.rundir check {q(f'{out_dir}/{run_name}')}",
         f'nohup {train} >> "$LOG" 2>&1 < /dev/null &',
         'echo $! > "$PID_FILE"',
         'echo "worker $WORKER: pid $!, log $LOG"',

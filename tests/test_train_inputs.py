@@ -158,7 +158,7 @@ def test_finished_checkpoint_rerun_keeps_final_json_and_names_ignored_init_from(
     run_dir = os.path.join(out, "r")
     task = make_task(cfg, mesh)
     ckpt = Checkpointer(os.path.join(run_dir, "checkpoints"), cfg.checkpoint)
-    meta = {"step": 4, "best": 2.5, "best_step": 4, "resume": resume_settings(cfg)}
+    meta = {"step": 4, "best": 2.5, "best_step": 4, "resume": resume_settings(cfg, task)}
     ckpt.save(4, task.create_state(), task.train_iterator(), meta=meta, force=True)
     ckpt.close()
     final = '{"step": 4, "eval/val_loss": 2.5}\n'

@@ -13,6 +13,8 @@ mesh), so a checkpoint written on 8 devices restores onto 2 (or another process 
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import math
 import sys
@@ -24,7 +26,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers as cm
 
-from train.errors import ConfigError, one_line
+from train.errors import ConfigError, DiskFullError, is_disk_full, one_line
 from train.metrics import is_local
 from train.task import sync_processes
 
@@ -44,9 +46,17 @@ class Checkpointer:
         if is_local(directory):
             self.directory = self.directory.resolve()
         self.ckpt_cfg = ckpt_cfg
+        self.in_flight = None  # the step an async save is writing, until it is known to be done
+        self.failed = None  # the DiskFullError of a failed save: nothing more is saved
+        # Orbax's threads log a failed write with its traceback, several times; the trainer
+        # reports a full disk in one line of its own (DiskFullError), so those records are
+        # dropped while this checkpointer is open.
+        self._quiet = _DropDiskFullRecords()
+        self._quiet.install()
         try:
             self.manager = self._make_manager()
         except Exception as e:  # Orbax reads every step's metadata here: a damaged one can raise
+            self._quiet.remove()
             raise ConfigError(
                 f"cannot open the checkpoints in {self.directory}: {_why(e)}. Move the "
                 "damaged step directories out of it, or start a new run (another run.name)"
@@ -105,6 +115,14 @@ class Checkpointer:
             except ConfigError:
                 raise
             except Exception as e:
+                if _does_not_fit(e):  # intact files of another model: not damage, nothing moved
+                    raise ConfigError(
+                        f"cannot resume {self.directory.parent} from step {step}: its saved "
+                        f"state does not fit this run's ({_why(e, limit=200)}); a setting that "
+                        "shapes the model or optimizer changed since it was written (its "
+                        "config.yaml has the old values). Rerun with the saved values, or start "
+                        "a new run (another run.name)"
+                    ) from e
                 log.warning(
                     "checkpoint step %d in %s is damaged (%s); trying the previous one",
                     step, self.directory, _why(e),
@@ -140,11 +158,53 @@ class Checkpointer:
         self.manager = self._make_manager()
 
     def save(self, step: int, state, data_iter=None, meta=None, metrics=None, force=False):
+        """Starts saving `step` (async: it commits in the background). DiskFullError when this
+        save, or the one before it, ran out of space (see `check`)."""
+        self.check()
         items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta or {})}
         if _has_grain_state(data_iter):
             items["data"] = grain.checkpoint.CheckpointSave(data_iter)
-        return self.manager.save(
-            step, args=ocp.args.Composite(**items), metrics=metrics, force=force
+        with self._disk_full_is_one_error(step):
+            saved = self.manager.save(
+                step, args=ocp.args.Composite(**items), metrics=metrics, force=force
+            )
+            self.in_flight = step
+            if not self.ckpt_cfg.async_save:
+                self.in_flight = None
+        return saved
+
+    def check(self) -> None:
+        """Raises the DiskFullError of a save that failed in the background, once it is known
+        (cheap: the trainer calls it every step; nothing waits on a save in progress)."""
+        if self.failed is not None:
+            raise self.failed
+        if self.in_flight is None or self.manager.is_saving_in_progress():
+            return
+        self.wait()  # the save is done: this returns at once, raising what it failed with
+
+    @contextlib.contextmanager
+    def _disk_full_is_one_error(self, step: int):
+        """A save that fails for want of space becomes one DiskFullError naming the step, the
+        directory, its free space and the last committed step; the half-written step is
+        removed. Nothing is saved after it."""
+        try:
+            yield
+        except Exception as e:
+            if not is_disk_full(e):
+                raise
+            self._abandon(step)
+            raise self.failed from e
+
+    def _abandon(self, step: int) -> None:
+        with contextlib.suppress(Exception):  # the other writes of that save fail the same way
+            self.manager.wait_until_finished()
+        _remove_tmp_dirs(self.directory)
+        latest = self.manager.latest_step()
+        kept = f"step {latest}" if latest is not None else "none"
+        self.failed = DiskFullError(
+            self.directory,
+            f"checkpoint {'step ' + str(step) if step is not None else ''} to {self.directory}",
+            f"; the last committed checkpoint ({kept}) is kept and the partial one removed",
         )
 
     def read_meta(self, step: int) -> dict:
@@ -177,11 +237,22 @@ class Checkpointer:
         return restored["state"], restored["meta"]
 
     def wait(self):
-        self.manager.wait_until_finished()
+        if self.failed is not None:
+            raise self.failed
+        with self._disk_full_is_one_error(self.in_flight):
+            self.manager.wait_until_finished()
+        self.in_flight = None
 
     def close(self):
-        self.manager.wait_until_finished()
-        self.manager.close()
+        """Waits for the save in flight (DiskFullError if it failed) and closes the manager."""
+        try:
+            self.wait()
+        finally:
+            with contextlib.suppress(Exception) if self.failed else contextlib.nullcontext():
+                self.manager.close()
+            if self.failed:  # the abandoned writes' tasks report when collected: while quiet
+                gc.collect()
+            self._quiet.remove()
 
 
 def _drop_abandoned_reads() -> None:
@@ -229,6 +300,56 @@ def _not_an_abandoned_read(record: logging.LogRecord) -> bool:
     return "TensorStore" not in str(record.exc_info[1]) and "OCDBT" not in str(record.exc_info[1])
 
 
-def _why(e: BaseException) -> str:
+def _why(e: BaseException, limit: int = 300) -> str:
     """`Type: message` on one line, for the damage warnings and errors."""
-    return f"{type(e).__name__}: {one_line(e, limit=300)}"
+    return f"{type(e).__name__}: {one_line(e, limit=limit)}"
+
+
+# What Orbax says when intact files hold another state than the one asked for (a changed model or
+# optimizer): the saved tree has other keys, or an array another shape. Not damage.
+_MISFIT_TEXTS = (
+    "tree structures do not match",
+    "Requested shape",
+    "does not match the shape",
+    "shape mismatch",
+)
+
+
+def _does_not_fit(e: BaseException) -> bool:
+    return any(t in str(e) for t in _MISFIT_TEXTS)
+
+
+def _remove_tmp_dirs(directory) -> None:
+    """Removes the temporary directories of an abandoned save (process 0; Orbax names them
+    `<step>.orbax-checkpoint-tmp*`)."""
+    if jax.process_index() != 0:
+        return
+    for tmp in directory.glob("*.orbax-checkpoint-tmp*"):
+        with contextlib.suppress(OSError):
+            tmp.rmtree() if tmp.is_dir() else tmp.unlink()
+
+
+class _DropDiskFullRecords(logging.Filter):
+    """Drops the log records (message or traceback) of a write that failed on a full disk, from
+    Orbax's threads (absl) and from its abandoned write tasks (asyncio), while installed."""
+
+    LOGGERS = ("absl", "asyncio")
+
+    def install(self):
+        for name in self.LOGGERS:
+            logging.getLogger(name).addFilter(self)
+
+    def remove(self):
+        for name in self.LOGGERS:
+            logging.getLogger(name).removeFilter(self)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if is_disk_full(_RecordText(record)):
+            return False
+        exc = record.exc_info[1] if record.exc_info else None
+        return exc is None or not is_disk_full(exc)
+
+
+class _RecordText(Exception):
+    def __init__(self, record: logging.LogRecord):
+        super().__init__(record.getMessage())

@@ -8,7 +8,10 @@ except ConfigError as e:
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import shutil
 import sys
 
 
@@ -38,3 +41,79 @@ def exit_with(e: BaseException, prefix: str = "error: "):
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         raise e
     sys.exit(prefix + one_line(e, limit=10_000))
+
+
+EXIT_DISK_FULL = 74  # sysexits.h EX_IOERR: free some space, then run the same command again
+
+# How a full disk (or an exhausted quota) reads in an exception: OSError's errno, or the text of
+# TensorStore's RESOURCE_EXHAUSTED error that Orbax re-raises as a ValueError.
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "os_error_code='28'")
+
+
+class DiskFullError(Exception):
+    """A write failed because the disk (or quota) holding `path` is full. `python -m train.main`
+    prints its one line and exits EXIT_DISK_FULL; the run resumes with the same command once
+    space is back (docs/training.md, "A full disk")."""
+
+    def __init__(self, path, what: str = "", after: str = ""):
+        self.path = str(path)
+        what = what or str(path)
+        super().__init__(
+            f"disk full: cannot write {what} ({free_space(path)}){after}. Free some space, then "
+            "run the same command again"
+        )
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """Whether `e` (or an exception it was raised from) says the disk or quota is full."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _DISK_FULL_ERRNOS:
+            return True
+        if any(t in str(e) for t in _DISK_FULL_TEXTS):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+@contextlib.contextmanager
+def disk_full_names(path, what: str = ""):
+    """Inside it, an OSError that says the disk is full becomes a DiskFullError naming `path`."""
+    try:
+        yield
+    except OSError as e:
+        if is_disk_full(e):
+            raise DiskFullError(path, what) from e
+        raise
+
+
+def free_space(path) -> str:
+    """'<n> free on <mount>' for the filesystem that holds `path` (its nearest existing parent);
+    a bucket has no such figure."""
+    path = str(path)
+    if "://" in path:
+        return "a bucket: check its quota"
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        return "free space unknown"
+    return f"{_size(free)} free on {_mount_point(probe)}"
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _mount_point(path: str) -> str:
+    while not os.path.ismount(path):
+        path = os.path.dirname(path)
+    return path

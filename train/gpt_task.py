@@ -89,6 +89,7 @@ _MODEL_RANGES = {
 class GPTTask(Task):
     items_name = "tokens"
     console_metrics = ("train/loss", "eval/val_loss")
+    resume_free_keys = ("model.dropout", "model.attention_impl")
 
     @classmethod
     def validate_config(cls, cfg) -> None:

@@ -32,7 +32,14 @@ from train import config as config_lib
 from train.compilation_cache import log_compilation_cache_stats, setup_compilation_cache
 from train.compose import CONFIG_DIR, load_config, validate
 from train.distributed import initialize, quiet_tpu_probe
-from train.errors import ConfigError, exit_with, one_line
+from train.errors import (
+    EXIT_DISK_FULL,
+    ConfigError,
+    DiskFullError,
+    exit_with,
+    is_disk_full,
+    one_line,
+)
 from train.mesh import make_mesh
 from train.nonfinite import NonfiniteError
 from train.preemption import EXIT_PREEMPTED, Preempted
@@ -90,6 +97,13 @@ def run(cfg) -> dict:
     except Preempted as e:  # SIGTERM / SIGINT: the step reached is committed
         print(e, file=sys.stderr, flush=True)
         sys.exit(EXIT_PREEMPTED)
+    except (DiskFullError, OSError) as e:  # the last committed checkpoint is intact
+        if not is_disk_full(e):
+            raise
+        if not isinstance(e, DiskFullError):  # a write outside the trainer's own (a data build)
+            e = DiskFullError(e.filename or cfg.run.out_dir)
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_DISK_FULL)
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")

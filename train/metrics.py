@@ -13,6 +13,7 @@ finished, so `device_get` returns at once and the device queue never drains (Max
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -25,7 +26,7 @@ import jax
 import numpy as np
 from etils import epath
 
-from train.errors import one_line
+from train.errors import disk_full_names, one_line
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +69,25 @@ def is_local(path) -> bool:
     return "://" not in str(path)
 
 
+def write_text_atomic(path, text: str) -> None:
+    """Writes `path` whole or not at all (a temporary file renamed over it): a full disk or a
+    kill mid-write leaves the previous file, never a truncated one. DiskFullError names `path`."""
+    path = epath.Path(path)
+    tmp = path.parent / f".{path.name}.tmp"
+    with disk_full_names(path):
+        try:
+            tmp.write_text(text)
+            tmp.replace(path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+
+
 class JsonlFile:
     """Append-only JSON-lines file: a real append on a local disk (flushed per line, so a killed
-    run keeps what it logged), a whole-file rewrite per `sync()` on an object store."""
+    run keeps what it logged), a whole-file rewrite per `sync()` on an object store. A write that
+    finds the disk full raises DiskFullError naming the file."""
 
     def __init__(self, path, *, rewrite: bool | None = None):
         self.path = epath.Path(path)
@@ -78,8 +95,8 @@ class JsonlFile:
         if self.rewrite:
             self.lines = [self.path.read_text()] if self.path.exists() else []
             self.dirty = False
-        else:
-            self.f = open(self.path, "a")  # noqa: SIM115
+        else:  # unbuffered: a line is on disk when write returns, or not at all
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def write(self, record: dict):
         line = dumps(record) + "\n"
@@ -87,18 +104,35 @@ class JsonlFile:
             self.lines.append(line)
             self.dirty = True
         else:
-            self.f.write(line)
-            self.f.flush()
+            self._append(line.encode())
 
     def sync(self):
         if self.rewrite and self.dirty:
-            self.path.write_text("".join(self.lines))
+            with disk_full_names(self.path):
+                self.path.write_text("".join(self.lines))
             self.dirty = False
 
     def close(self):
-        self.sync()
-        if not self.rewrite:
-            self.f.close()
+        try:
+            self.sync()
+        finally:
+            if not self.rewrite and self.fd is not None:
+                os.close(self.fd)
+                self.fd = None
+
+    def _append(self, data: bytes):
+        """Appends whole lines: a write cut short (a full disk) is cut back off the file, so
+        the file never ends in half a line."""
+        size = os.fstat(self.fd).st_size
+        with disk_full_names(self.path):
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self.fd, view) :]
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self.fd, size)
+                raise
 
 
 # Shown on the console line of every family, after the family's own (Task.console_metrics)

@@ -77,6 +77,11 @@ class Task:
     total_steps: int = 0  # optimiser steps of the schedule
     items_per_step: int = 0  # examples or tokens one step consumes (throughput)
     flops_per_step: float = 0.0  # model FLOPs of one step (MFU)
+    # What a checkpoint depends on (train/trainer.py `resume_settings`): every model.* key but
+    # `resume_free_keys` (implementation choices that compute the same function), the batch
+    # settings, and `resume_keys` (an optimizer switch that adds state, the data layout).
+    resume_keys: tuple[str, ...] = ()
+    resume_free_keys: tuple[str, ...] = ()
     # Set by _setup from `init`: the static NNX graphdef, the state's ShapeDtypeStructs and the
     # NamedShardings of every state leaf.
     graphdef: Any = None

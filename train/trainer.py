@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import pickle
+import sys
 import time
 
 import jax
@@ -21,14 +22,14 @@ import numpy as np
 from etils import epath
 from omegaconf import OmegaConf
 
-from train import families
+from train import families, rundir
 from train import jit as jit_lib
 from train import mesh as mesh_lib
 from train.checkpoint import Checkpointer
-from train.errors import ConfigError, one_line
+from train.errors import ConfigError, disk_full_names, one_line
 from train.flops import peak_flops
 from train.goodput import Goodput, summary
-from train.metrics import MetricLogger, dumps, read_jsonl
+from train.metrics import MetricLogger, dumps, read_jsonl, write_text_atomic
 from train.nonfinite import NonfiniteGuard
 from train.preemption import Preempted, Preemption
 
@@ -44,13 +45,17 @@ def train(cfg, mesh) -> dict:
     """Runs (or resumes) the experiment `cfg` on `mesh`; returns the last logged metrics.
 
     Raises train.nonfinite.NonfiniteError when a step's loss or gradient norm is not finite and
-    trainer.on_nonfinite=stop (checkpoints up to the last good step are committed first), and
-    train.preemption.Preempted after a SIGTERM / SIGINT, once the step reached is committed."""
-    with Preemption() as preemption:  # from the start: a signal during startup stops cleanly
-        return _train(cfg, mesh, preemption)
+    trainer.on_nonfinite=stop (checkpoints up to the last good step are committed first),
+    train.preemption.Preempted after a SIGTERM / SIGINT, once the step reached is committed,
+    train.errors.DiskFullError when a write runs out of space (the last committed checkpoint is
+    kept), and ConfigError when another trainer is writing the run directory (train/rundir.py)."""
+    # from the start: a signal during startup stops cleanly; the run directory is claimed
+    # before anything in it is read or written
+    with Preemption() as preemption, rundir.claim(run_dir_of(cfg)) as claim:
+        return _train(cfg, mesh, preemption, claim)
 
 
-def _train(cfg, mesh, preemption) -> dict:
+def _train(cfg, mesh, preemption, claim) -> dict:
     goodput, clock = Goodput(), StepClock()
     run_dir = run_dir_of(cfg)
     with goodput.measure("startup"):
@@ -69,7 +74,7 @@ def _train(cfg, mesh, preemption) -> dict:
     step_fn = jit_lib.jit_train_step(task)
     config_dict = OmegaConf.to_container(cfg, resolve=True)
     logger = MetricLogger(run_dir, cfg, cfg.run.name, config_dict, stop, task.console_metrics)
-    run = _Run(cfg, task, ckpt, logger, data_iter, step, meta, goodput, preemption)
+    run = _Run(cfg, task, ckpt, logger, data_iter, step, meta, goodput, preemption, claim)
     peak = peak_flops() * mesh.devices.size
     first = step
     try:
@@ -77,14 +82,13 @@ def _train(cfg, mesh, preemption) -> dict:
             state, step = _loop(run, state, step, stop, step_fn, clock, peak)
     finally:  # also on NonfiniteError / Preempted: commit the checkpoints, write the metrics
         with goodput.measure("checkpoint"):
-            ckpt.close()
-        logger.close()
+            _close(ckpt.close, logger.close)
     if step == first and first > 0:  # TRM: the restored data iterator had no batch left
         return _already_finished(run_dir, step)
     totals = goodput.totals()
     final = {"step": step, **_jsonable(run.last), **run.guard.final(), "goodput": totals}
     if jax.process_index() == 0:
-        (run_dir / "final.json").write_text(dumps(final))
+        write_text_atomic(run_dir / "final.json", dumps(final))
     log.info("%s", summary_line(cfg, run_dir, ckpt, step, run.best, run.best_step))
     log.info("time: %s", summary(totals))
     return {"step": step, **run.last}
@@ -100,15 +104,34 @@ def _start(cfg, mesh, run_dir):
     families.enable_x64_if_needed(cfg)  # before anything is traced (TRM: float64 stablemax loss)
     task = families.make_task(cfg, mesh)
     task.validate_data()  # a broken split or vocab fails here, not at the first evaluation
-    _write_config(cfg, run_dir)  # after make_task: it holds the sizes the data set gave
     ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint)
     try:
         data_iter = task.train_iterator()
         state, step, meta = _init_or_restore(cfg, task, ckpt, data_iter, run_dir)
+        # after make_task (it holds the sizes the data set gave) and after the resume checks (a
+        # refused resume leaves the run's config.yaml as its checkpoints were written with)
+        _write_config(cfg, run_dir)
     except BaseException:
         ckpt.close()  # an open manager left to the interpreter's exit floods the log
         raise
     return task, ckpt, data_iter, state, step, meta
+
+
+def _close(*closers) -> None:
+    """Runs every closer. With an exception already in flight (a failed save, a full disk, a
+    preemption) their errors are logged, not raised: the first error is the one reported."""
+    failing = sys.exc_info()[1] is not None
+    first = None
+    for close in closers:
+        try:
+            close()
+        except Exception as e:
+            if failing:
+                log.debug("while closing after an error: %s", one_line(e))
+            elif first is None:
+                first = e
+    if first is not None:
+        raise first
 
 
 def _steps_logged_after(run_dir, step: int) -> int:
@@ -157,6 +180,9 @@ def _loop(run, state, step: int, stop: int, step_fn, clock, peak: float):
     clock.start(step)
     unlogged = None  # the metrics of the last step when they were not logged
     while step < stop:
+        if run.claim is not None:
+            run.claim.check()  # a bucket's lease taken over by another trainer stops this one
+        run.ckpt.check()  # a save that failed in the background (a full disk) stops the run
         if run.preemption.due(step):  # every process agrees on this step
             run.preempt(state, step, unlogged)
         with run.goodput.measure("data"):
@@ -196,8 +222,9 @@ def _step(run, step_fn, state, batch, clock, step: int):
 
 def _write_config(cfg, run_dir) -> None:
     if jax.process_index() == 0:  # only process 0 writes files outside Orbax
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        with disk_full_names(run_dir):
+            run_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
 
 
 def _init_or_restore(cfg, task, ckpt, data_iter, run_dir):
@@ -206,7 +233,10 @@ def _init_or_restore(cfg, task, ckpt, data_iter, run_dir):
     abstract = jit_lib.with_shardings(task.abstract_state, task.state_shardings)
     found = None
     if cfg.run.resume:  # the newest step that restores; damaged newer ones are moved aside
-        check = lambda meta, step: check_resumable(cfg, meta, f"{run_dir} step {step}")  # noqa: E731
+        written = _saved_config(run_dir)
+        check = lambda meta, step: check_resumable(  # noqa: E731
+            cfg, task, meta, f"{run_dir} from step {step}", written
+        )
         found = ckpt.restore_newest(abstract, data_iter, check)
     init_from = cfg.trainer.init_from
     if found is None:
@@ -315,10 +345,10 @@ class _Run:
     """What the loop's evaluations and checkpoints share: the task, the checkpointer, the logger,
     the data iterator (saved with the state) and the results so far."""
 
-    def __init__(self, cfg, task, ckpt, logger, data_iter, step, meta, goodput, preemption):  # fmt: skip
+    def __init__(self, cfg, task, ckpt, logger, data_iter, step, meta, goodput, preemption, claim):  # fmt: skip
         self.cfg, self.task, self.data_iter = cfg, task, data_iter
         self.ckpt, self.logger = ckpt, logger
-        self.goodput, self.preemption = goodput, preemption
+        self.goodput, self.preemption, self.claim = goodput, preemption, claim
         self.best = meta.get("best")  # best value of checkpoint.best_metric so far (checkpointed)
         self.best_step = meta.get("best_step")  # its step (checkpointed with it)
         self.last = {}  # the last value of every eval metric (returned, final.json)
@@ -386,7 +416,7 @@ class _Run:
             "step": step,
             "best": self.best,
             "best_step": self.best_step,
-            "resume": resume_settings(self.cfg),
+            "resume": resume_settings(self.cfg, self.task),
             "nonfinite_skipped": self.guard.skipped,
             "goodput": self.goodput.totals(),  # a resumed run adds to these
         }
@@ -408,26 +438,47 @@ def _best(ckpt_cfg, best, metrics: dict):
 
 
 # Settings a checkpoint only makes sense with: the saved state has the batch in it (TRM's ACT carry
-# is [global_batch, ...]) and the data position counts global batches of a seeded plan.
+# is [global_batch, ...]) and the data position counts global batches of a seeded plan. Besides
+# these, every model.* key and the family's own (Task.resume_keys, Task.resume_free_keys).
 RESUME_KEYS = ("trainer.global_batch_size", "trainer.gradient_accumulation_steps", "run.seed")
 
 
-def resume_settings(cfg) -> dict:
-    return {k: OmegaConf.select(cfg, k) for k in RESUME_KEYS}
+def resume_settings(cfg, task) -> dict:
+    """The settings a checkpoint of `task` depends on (dotted key -> value), saved in its meta."""
+    model = OmegaConf.to_container(cfg.model, resolve=True) if "model" in cfg else {}
+    keys = [*RESUME_KEYS, *task.resume_keys, *(f"model.{k}" for k in model or {})]
+    return {k: OmegaConf.select(cfg, k) for k in keys if k not in task.resume_free_keys}
 
 
-def check_resumable(cfg, meta: dict, where: str) -> None:
-    """ConfigError when this run changed a setting the checkpoint depends on.
+def _saved_config(run_dir):
+    """The run's config.yaml (None when there is none, or it does not parse)."""
+    path = run_dir / "config.yaml"
+    try:
+        return OmegaConf.create(path.read_text()) if path.exists() else None
+    except Exception:  # a damaged config.yaml: the checkpoint's own record still decides
+        return None
 
-    Without it the failure surfaces deep inside the restore (the data iterator refusing its state,
-    or a carry shape mismatch); a changed batch size between a run and its rerun is an easy mistake
-    (docs/training.md, "A rerun with another batch size cannot resume").
-    """
-    saved = meta.get("resume") or {}  # checkpoints written before this check have none
-    now = resume_settings(cfg)
-    diff = [
-        f"{k}={saved[k]!r} (this run: {now[k]!r})" for k in now if k in saved and saved[k] != now[k]
-    ]
+
+def check_resumable(cfg, task, meta: dict, where: str, written=None) -> None:
+    """ConfigError naming every setting this run changed that the checkpoint depends on (model
+    fields, an optimizer switch that shapes the state, batch, data layout), with both values.
+
+    The checkpoint's meta records them; for a key it lacks, the run's config.yaml (`written`)
+    stands in. Without this check the failure surfaces deep inside the restore (a tree-structure
+    or shape mismatch, the data iterator refusing its state, a carry shape mismatch) and reads
+    like damage (docs/training.md, "A changed model read as a damaged checkpoint")."""
+    recorded = meta.get("resume") or {}
+    now = resume_settings(cfg, task)
+    diff = []
+    for key, value in now.items():
+        if key in recorded:
+            saved = recorded[key]
+        elif written is not None and OmegaConf.select(written, key) is not None:
+            saved = OmegaConf.select(written, key)
+        else:
+            continue
+        if saved != value:
+            diff.append(f"{key}={saved!r} (this run: {value!r})")
     if diff:
         raise ConfigError(
             f"cannot resume {where}: it was written with {', '.join(diff)}; the saved state and "

@@ -125,6 +125,11 @@ def test_metadata(data_dir: str):
 class TRMTask(Task):
     items_name = "examples"
     console_metrics = ("train/lm_loss", "train/exact_accuracy", "eval/all/exact_accuracy")
+    # optim.ema adds the EMA to the state; the data keys fix what a data position means
+    resume_keys = ("optim.ema", *(f"data.{k}" for k in ("eval_interval_epochs", *_SIZES)))
+    resume_free_keys = tuple(
+        f"model.{k}" for k in ("attention_impl", "remat", "remat_policy", "scan")
+    )
 
     @classmethod
     def validate_config(cls, cfg) -> None:
