@@ -4,6 +4,9 @@ raise ConfigError("trainer.global_batch_size=7 must divide over 8 devices")
 ...
 except ConfigError as e:
     exit_with(e)              # prints `error: ...` and exits 1 (HYDRA_FULL_ERROR=1: traceback)
+
+A full disk is not the user's input: DiskFullError, one line too, exit status EXIT_DISK_FULL (74)
+from `python -m train.main`, and the same command resumes once space is back.
 """
 
 from __future__ import annotations
