@@ -4,8 +4,8 @@ Each test runs `python -m train.main +experiment=...` as a user does (only folde
 compilation cache differ) and checks the run's own metrics.jsonl / `train.evaluate` report:
 
 - gpt_shakespeare_char_cpu (nanoGPT's README CPU recipe): eval/val_loss <= GPT_VAL_LOSS_MAX at
-  iteration 2000. nanoGPT's README says 1.88; upstream's train.py measured here: 1.8857 (seed 1337),
-  upstream seeds 1337-1339 and ours side by side: docs/benchmarks.md, "Whole runs against upstream".
+  iteration 2000. nanoGPT's README says 1.88; upstream's train.py and ours, 6 seeds each, side by
+  side: docs/benchmarks.md, "Whole runs against upstream".
 - trm_sudoku_cpu: held-out exact accuracy >= TRM_EXACT_MIN at the end (the measured range of
   ours and upstream's seeds minus a margin, same section), and the recursion matters: the last ACT
   step's exact accuracy beats the first by >= TRM_ACT_GAIN_MIN.

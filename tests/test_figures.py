@@ -1,0 +1,145 @@
+"""One source for each figure: every measured result this repository states in more than one place
+is checked here against the place that holds it.
+
+- Whole runs against upstream (gpt_shakespeare_char_cpu, trm_sudoku_cpu): the source is the runs
+  themselves, bench/results/curves/curves.json (written by `python -m bench curves`). The final
+  evaluation's mean [min, max] of each side, the seed counts and the times to target, as the
+  README's experiments table, docs/benchmarks.md, docs/training.md and the experiment configs
+  state them, and the tables docs/benchmarks.md copies from bench/results/curves/curves.md.
+- Tiny runs (trm_sudoku_tiny = `make demo`, gpt_shakespeare_char_tiny): the source is
+  docs/training.md's "Tiny runs" table; the README row, the experiment config and the comment
+  above tests/test_reproductions.py's bound state the same values.
+
+A rerun of a measurement changes its source; this test then names every place still stating the
+old value.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from tests.helpers import REPO
+
+CURVES = os.path.join(REPO, "bench", "results", "curves")
+
+
+def _read(path: str) -> str:
+    with open(os.path.join(REPO, path)) as f:
+        return f.read()
+
+
+def _readme_row(name: str) -> str:
+    (row,) = [line for line in _read("README.md").splitlines() if line.startswith(f"| `{name}` ")]
+    return row
+
+
+def _header(name: str) -> str:
+    """The comment block an experiment config starts with, as one line of text."""
+    lines = _read(f"configs/experiment/{name}.yaml").splitlines()
+    comments = [line.lstrip("#").strip() for line in lines if line.startswith("#")]
+    return " ".join(comments)
+
+
+@pytest.fixture(scope="module")
+def curves() -> dict:
+    with open(os.path.join(CURVES, "curves.json")) as f:
+        return json.load(f)["configs"]
+
+
+def _final(summary: dict, impl: str) -> dict:
+    """The last evaluation both sides have (ours also evaluates after the last update)."""
+    steps = [s for s in summary["per_step"] if "jax" in s and "upstream" in s]
+    return steps[-1][impl] | {"step": steps[-1]["step"]}
+
+
+def _spread(f: dict, digits: int) -> str:
+    return f"{f['mean']:.{digits}f} [{f['min']:.{digits}f}, {f['max']:.{digits}f}]"
+
+
+# experiment -> (digits in the README / configs / training.md, digits in docs/benchmarks.md' text)
+WHOLE_RUNS = {"gpt_shakespeare_char_cpu": (3, 3), "trm_sudoku_cpu": (2, 3)}
+
+
+@pytest.mark.parametrize("name", sorted(WHOLE_RUNS))
+def test_whole_run_results_are_the_runs_in_curves_json(curves, name):
+    short, long = WHOLE_RUNS[name]
+    summary = curves[name]["summary"]
+    ours, theirs = _final(summary, "jax"), _final(summary, "upstream")
+    n = ours["n"]
+    assert theirs["n"] == n
+    places = {
+        "README.md": _readme_row(name),
+        f"configs/experiment/{name}.yaml": _header(name),
+        "docs/training.md": next(
+            line for line in _read("docs/training.md").splitlines()
+            if line.startswith(f"| {name} ")
+        ),
+    }  # fmt: skip
+    for where, text in places.items():
+        for f in (ours, theirs):
+            assert _spread(f, short) in text, f"{where} should state {_spread(f, short)}: {text}"
+        assert f"{n} seeds" in text, f"{where} should say {n} seeds: {text}"
+    bench = " ".join(_read("docs/benchmarks.md").split())  # sentences wrap over lines
+    for f in (ours, theirs):
+        assert _spread(f, long) in bench, f"docs/benchmarks.md should state {_spread(f, long)}"
+    times = summary["time_to_target"]
+    for impl in ("jax", "upstream"):
+        seconds = round(times[impl]["median_s"])
+        assert re.search(rf"\b(ours|upstream) {seconds} s\b", bench), (name, impl, seconds)
+
+
+def test_benchmarks_tables_are_curves_md(curves):
+    """docs/benchmarks.md's per-evaluation tables are bench curves' own table rows."""
+    bench = _read("docs/benchmarks.md").splitlines()
+    rows = [line for line in open(os.path.join(CURVES, "curves.md")).read().splitlines()]
+    rows = [r for r in rows if re.match(r"\| \d+ \|", r)]
+    assert len(rows) >= sum(len(c["summary"]["per_step"]) for c in curves.values())
+    missing = [r for r in rows if r not in bench]
+    assert not missing, missing
+
+
+def _tiny_row(name: str) -> str:
+    (row,) = [
+        line for line in _read("docs/training.md").splitlines() if line.startswith(f"| {name} ")
+    ]
+    return row
+
+
+def test_demo_figures_are_the_tiny_runs_table():
+    row = _tiny_row("trm_sudoku_tiny")
+    final = re.search(r"\*\*(\d\.\d\d) @(\d+)\*\*", row)
+    per_step = re.search(r"\*\*((?:\d\.\d\d, )+\d\.\d\d)\*\*", row).group(1).split(", ")
+    wall = re.search(r"(\d+) s for the whole command", row).group(1)
+    readme = _readme_row("trm_sudoku_tiny")
+    assert f"{final.group(1)} at step {final.group(2)}" in readme, readme
+    assert " → ".join(per_step) in readme and f"{wall} s)" in readme, readme
+    header = _header("trm_sudoku_tiny")
+    assert f"{final.group(1)} after {final.group(2)} steps" in header, header
+    assert " -> ".join(per_step) in header, header
+    bound = _read("tests/test_reproductions.py")
+    gain = float(per_step[-1]) - float(per_step[0])
+    assert f"per ACT step {', '.join(per_step)} (gain {gain:.2f})" in bound
+
+
+def test_gpt_tiny_figures_are_the_tiny_runs_table():
+    row = _tiny_row("gpt_shakespeare_char_tiny")
+    last = re.search(r"(\d\.\d\d) @30\d \(from ln 65 = (\d\.\d\d)\)", row)
+    start, end = last.group(2), last.group(1)
+    assert f"val loss {start} → {end} at step 300" in _readme_row("gpt_shakespeare_char_tiny")
+    header = _header("gpt_shakespeare_char_tiny")
+    assert f"from {start} (ln 65) to {end} at step 300" in header, header
+
+
+def test_the_reproduction_bound_cites_the_measured_range(curves):
+    """tests/test_reproductions.py sets TRM_EXACT_MIN below the range of all 6 final runs."""
+    summary = curves["trm_sudoku_cpu"]["summary"]
+    finals = [_final(summary, impl) for impl in ("jax", "upstream")]
+    low, high = min(f["min"] for f in finals), max(f["max"] for f in finals)
+    text = _read("tests/test_reproductions.py")
+    assert f"{low:.3f} to {high:.3f}" in text
+    bound = float(re.search(r"TRM_EXACT_MIN = ([\d.]+)", text).group(1))
+    assert bound < low
