@@ -11,7 +11,9 @@ summed over the batch. `eval_step` does that and a little more, for `python -m t
 
 `extra_steps` runs more ACT steps past halt_max_steps; `halt` lets the Q head halt each row at its
 first step where `halting_rule` fires (as in training, without exploration) and scores the row
-there; `trace` also returns every step's predictions and halting decisions ([steps, B, ...]).
+there; `trace` also returns every step's predictions and halting decisions ([steps, B, ...]);
+`noise` (LatentNoise) adds Gaussian noise to the latents before every ACT step (test-time scaling:
+models/trm/scaling.py runs many such trajectories per puzzle and picks one).
 """
 
 from __future__ import annotations
@@ -28,6 +30,27 @@ from models.trm.train_step import TRMOptimConfig, TRMTrainState, ema_model
 HALT_KEYS = ("logits", "q_halt_logits", "q_continue_logits")
 
 
+@dataclasses.dataclass(frozen=True)
+class LatentNoise:
+    """Gaussian noise N(0, sigma^2) added to latents of every row before each ACT step.
+
+    `latents`: carry names (default `noised_latents`: the low-level latents z_L, z_L1..z_L6, or
+    z_H where it is the only one). Row r's draw at ACT step s comes from key(seed) folded with
+    batch["noise_ids"][r] = (puzzle, trajectory), then s: a trajectory's noise depends neither on
+    the batch, the chunk or the device it runs on, nor on how many trajectories were drawn."""
+
+    sigma: float
+    seed: int = 0
+    latents: tuple[str, ...] | None = None
+
+
+def noised_latents(latent_names: tuple[str, ...]) -> tuple[str, ...]:
+    """The latents LatentNoise perturbs by default: the z_L ones (TRM, HRM, trm_singlez: z_L;
+    trm_hier6: z_L1..z_L6), else every latent (transformers_baseline: z_H)."""
+    low = tuple(n for n in latent_names if n.startswith("z_L"))
+    return low or tuple(latent_names)
+
+
 def eval_step(
     graphdef,
     state: TRMTrainState,
@@ -37,10 +60,12 @@ def eval_step(
     extra_steps: int = 0,
     halt: bool = False,
     trace: bool = False,
+    noise: LatentNoise | None = None,
 ) -> dict:
     """A fresh carry, then halt_max_steps + `extra_steps` ACT steps of the EMA model in eval mode;
     -> {"sums", "per_step", "preds", "q_halt_logits"} (+ "step_preds", "step_halts" with
-    `trace`). Pure and jittable; see the module docstring."""
+    `trace`). Pure and jittable; see the module docstring. With `noise`, the batch carries
+    "noise_ids" (int32 [B, 2]) and a sigma of 0 adds nothing."""
     model = ema_model(graphdef, state)
     total = model.config.halt_max_steps + int(extra_steps)
     if extra_steps:  # the wrapper halts every row at halt_max_steps: move that point
@@ -49,23 +74,28 @@ def eval_step(
     mask_bl = labels_bl != IGNORE_LABEL_ID
     counts_b = jnp.sum(mask_bl, axis=-1)
 
+    perturb = _perturbation(model, batch, noise)
     carry = model.initial_carry(batch)
+    if perturb is not None:  # the first step's reset happens here, so its latents get noise too
+        carry = perturb(_started(model, carry, batch), 0)
     frozen = None
     if halt:
         shapes = jax.eval_shape(lambda c: model(c, batch)[1], carry)
         frozen = {k: jnp.zeros(shapes[k].shape, shapes[k].dtype) for k in HALT_KEYS}
         frozen.update(steps=carry.steps, done=jnp.zeros_like(carry.halted))
 
-    def body(loop, _):
+    def body(loop, step):
         carry, frozen = loop
         carry, outputs = model(carry, batch)
+        if perturb is not None:  # before the next ACT step
+            carry = perturb(carry, step + 1)
         if halt:
             frozen = _freeze(model, frozen, outputs, carry.steps, False)
         sums, preds_bl = step_sums(outputs["logits"], labels_bl, mask_bl, counts_b)
         return (carry, frozen), (sums, _trace(model, outputs, preds_bl) if trace else None)
 
     (carry, frozen), (early, early_trace) = jax.lax.scan(
-        body, (carry, frozen), None, length=total - 1
+        body, (carry, frozen), jnp.arange(total - 1, dtype=jnp.int32)
     )
     carry, outputs = model(carry, batch)
     outputs_last = outputs
@@ -105,6 +135,45 @@ def step_sums(logits_blv, labels_bl, mask_bl, counts_b):
         "accuracy": jnp.sum(jnp.where(valid_b, frac_b, 0)),
     }
     return sums, preds_bl
+
+
+def _started(model, carry, batch):
+    """The carry as the wrapper makes it at the start of the first ACT step (every row reset from
+    the batch: upstream's halted-slot refill), so noise can be added before that step runs."""
+    return carry.replace(
+        inner_carry=model.inner.reset_carry(carry.halted, carry.inner_carry),
+        halted=jnp.zeros_like(carry.halted),
+        current_data={k: batch[k] for k in carry.current_data},
+    )
+
+
+def _perturbation(model, batch: dict, noise: LatentNoise | None):
+    """(carry, step) -> carry with LatentNoise added, or None when there is nothing to add."""
+    if noise is None or noise.sigma == 0:
+        return None
+    names = noise.latents or noised_latents(model.inner.latent_names)
+    unknown = sorted(set(names) - set(model.inner.latent_names))
+    if unknown:
+        raise ValueError(
+            f"LatentNoise.latents {unknown}: this arch's latents are {model.inner.latent_names}"
+        )
+    base = jax.random.key(noise.seed)
+    ids_b2 = batch["noise_ids"]
+
+    def perturb(carry, step):
+        inner = dict(carry.inner_carry)
+        for i, name in enumerate(names):
+            z = inner[name]
+
+            def draw(ids, z_shape=z.shape[1:], i=i):
+                key = jax.random.fold_in(jax.random.fold_in(base, ids[0]), ids[1])
+                key = jax.random.fold_in(jax.random.fold_in(key, step), i)
+                return jax.random.normal(key, z_shape, jnp.float32)
+
+            inner[name] = (z + noise.sigma * jax.vmap(draw)(ids_b2)).astype(z.dtype)
+        return carry.replace(inner_carry=inner)
+
+    return perturb
 
 
 def _freeze(model, frozen: dict, outputs: dict, steps_b, last: bool) -> dict:
