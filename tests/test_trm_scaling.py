@@ -157,7 +157,7 @@ def test_selection_rules_on_made_up_answers():
     assert float(by_q[4]["exact_accuracy"]) == 2  # R, R, V
     assert float(by_v[4]["exact_accuracy"]) == 2  # W, R, [1,2,3,*]
     assert float(by_q[1]["exact_accuracy"]) == 2  # trajectory 0 alone: W, R, W (right on 3)
-    assert [float(by_q[k]["oracle_exact_accuracy"]) for k in ks] == [2, 3, 3]
+    assert [float(by_q[k]["oracle_exact_accuracy"]) for k in ks] == [2, 2, 3]
     assert float(by_v[4]["accuracy"]) == pytest.approx(0.75 + 1 + 1)
 
 

@@ -31,7 +31,6 @@ K=1 with sigma 0 is the plain evaluation, exactly (the same eval_step on the sam
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from models.trm.eval_step import LatentNoise, eval_step
