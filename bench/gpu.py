@@ -59,7 +59,9 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = "results.jsonl"
 SUMMARY = "summary.md"
 STEPS = ("a", "b", "c", "d")
-PAPER_TRM_STEPS = 65104  # 50,000 epochs x 1000 groups / batch 768 (configs/experiment/trm_sudoku.yaml)
+PAPER_TRM_STEPS = (
+    65104  # 50,000 epochs x 1000 groups / batch 768 (configs/experiment/trm_sudoku.yaml)
+)
 TARGET_VAL_LOSS = 1.47  # nanoGPT README: 1.4697 for config/train_shakespeare_char.py
 
 # Seconds. A part's box is capped by what is left of its step's cap and of the budget; d's parts
@@ -87,6 +89,8 @@ DRY_BOXES = {
     "c.jax": 30,
     "c.upstream": 30,
     "d.data": 20,
+    "d.jax": 25,
+    "d.upstream": 20,
 }
 DRY_STEP_CAPS = {"a": 100, "b": 60, "c": 50}
 DRY_BUDGET_S = 240
@@ -113,7 +117,7 @@ DRY_NANOGPT_ARGS = (
     "--dropout=0.0",
 )
 # trm_sudoku_tiny's own data, smaller, when ASSETS has no prebuilt copy (dry run)
-DRY_TINY_SUDOKU_ARGS = "[train=40,test=16,blanks=30,num_aug=2,unique=1]"
+DRY_TINY_SUDOKU_ARGS = "['train=40','test=16','blanks=30','num_aug=2','unique=1']"
 
 TRAINER_QUIET = (
     "logging.wandb=disabled",
@@ -202,10 +206,6 @@ class Ctx:
     python: str = sys.executable
     records: dict = dataclasses.field(default_factory=dict)  # "a.env" -> its record
 
-    @property
-    def device(self) -> str:
-        return "cpu" if self.dry_run else "gpu"
-
     def asset(self, *parts: str) -> Path:
         return self.assets.joinpath(*parts)
 
@@ -234,6 +234,9 @@ class Part:
     def env(self, ctx: Ctx) -> dict:
         env = dict(os.environ, PYTHONUNBUFFERED="1", TQDM_DISABLE="1", WANDB_MODE="disabled")
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+        # a run under pytest would inherit the suite's fake CPU devices (tests/conftest.py)
+        flags = env.get("XLA_FLAGS", "").split()
+        env["XLA_FLAGS"] = " ".join(f for f in flags if "host_platform_device_count" not in f)
         if ctx.dry_run:
             env["JAX_PLATFORMS"] = "cpu"
             env["CUDA_VISIBLE_DEVICES"] = ""
@@ -258,7 +261,6 @@ def _py(ctx: Ctx, *args) -> list[str]:
 
 
 class EnvPart(Part):
-
     def command(self, ctx):
         return _py(ctx, "-m", "bench", "gpu", "env")
 
@@ -367,7 +369,10 @@ class TinyTrainPart(TrainerRun):
         self.experiment = name
 
     def missing(self, ctx):
-        if "gpt" in self.experiment and not (ctx.asset("data", "shakespeare_char") / "train.bin").exists():
+        if (
+            "gpt" in self.experiment
+            and not (ctx.asset("data", "shakespeare_char") / "train.bin").exists()
+        ):
             return f"{ctx.asset('data', 'shakespeare_char')}/train.bin (bash bench/gpu_prepare.sh)"
         return None
 
@@ -543,7 +548,6 @@ class NanoGPTTargetRun(TargetRun):
 
 
 class SudokuDataPart(Part):
-
     def src(self, ctx) -> Path:
         return ctx.asset("data", "sudoku-extreme-1k-train-only")
 
@@ -653,10 +657,17 @@ class UpstreamThroughputPart(Part):
         return ctx.asset("upstream", "TinyRecursiveModels"), ctx.asset("upstream", "adam-atan2")
 
     def missing(self, ctx):
+        import importlib.util
+
+        from parity.goldens.trm_pretrain import GOLDENS_EXTRA
+
         trm, adam = self.srcs(ctx)
         for f in (trm / "pretrain.py", adam / "adam_atan2" / "adam_atan2.py"):
             if not f.exists():
                 return f"{f} (bash bench/gpu_prepare.sh --trm SRC --adam-atan2 SRC)"
+        absent = [m for m in GOLDENS_EXTRA if importlib.util.find_spec(m) is None]
+        if absent:
+            return f"modules {', '.join(absent)} (what pretrain.py imports; .whl carries them)"
         return None
 
     def command(self, ctx):
@@ -686,10 +697,10 @@ class UpstreamThroughputPart(Part):
 
 def upstream_overrides(experiment: str) -> list[str]:
     """Upstream pretrain.py's Hydra overrides for one of our TRM experiments (bench/curves.py)."""
+    from omegaconf import OmegaConf
+
     from bench.curves import upstream_trm_overrides
     from train.compose import load_config
-
-    from omegaconf import OmegaConf
 
     cfg = OmegaConf.to_container(load_config([f"+experiment={experiment}"]), resolve=True)
     return upstream_trm_overrides(cfg)
@@ -765,7 +776,7 @@ class Session:
         rec = {"kind": "part", "step": part.step, "part": part.key, "started_utc": _utc()}
         reason = self.skip_reason(part)
         box = self.box_for(part, later_in_step)
-        if reason is None and box < MIN_BOX_S:
+        if reason is None and box < min(MIN_BOX_S, self.boxes.get(part.key, MIN_BOX_S)):
             reason = f"no time left ({box:.0f} s of the step's cap or the budget)"
         if reason is not None:
             rec.update(status="skipped", reason=reason)
@@ -784,7 +795,11 @@ class Session:
                 return self.finish(part, rec, {})
             log.write(f"===== {part.key}: exit {rc}, {wall:.1f} s, ended by {ended}\n")
         self.step_used[part.step] = self.step_used.get(part.step, 0.0) + wall
-        if ended == "stopped" or (ended == "exit" and rc == 0) or (ended == "box" and part.ok_at_box):
+        if (
+            ended == "stopped"
+            or (ended == "exit" and rc == 0)
+            or (ended == "box" and part.ok_at_box)
+        ):
             status = "ok"
         else:
             status = "timeout" if ended == "box" else "failed"
@@ -976,7 +991,9 @@ def prepare(argv: list[str]) -> None:
     """The data sets under ASSETS/data: our builders' outputs for the tiny and shakespeare runs,
     and the raw Sudoku-Extreme 1k and hard test set that `sudoku-data` augments on the device."""
     p = argparse.ArgumentParser(prog="python -m bench gpu prepare")
-    p.add_argument("--data", required=True, help="the offline data folder (tinyshakespeare/, sudoku/)")
+    p.add_argument(
+        "--data", required=True, help="the offline data folder (tinyshakespeare/, sudoku/)"
+    )
     p.add_argument("--assets", default=str(REPO / ".gpu"))
     a = p.parse_args(argv)
     src, dst = Path(a.data), Path(a.assets) / "data"
