@@ -98,7 +98,7 @@ def run_trm(
                 print(f"train step {step}", flush=True)
             return result
 
-    src, out = src.resolve(), out.resolve()
+    src, adam, data, out = src.resolve(), adam.resolve(), data.resolve(), out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     os.chdir(out)  # pretrain.py's relative paths (wandb, checkpoints) land in the run's folder
     with pretrain(src, adam, device=device) as (pt, _imp):
@@ -107,7 +107,7 @@ def run_trm(
             cfg = compose(
                 "cfg_pretrain",
                 overrides=[
-                    f"data_paths=[{Path(data).resolve()}]",
+                    f"data_paths=[{data}]",
                     f"seed={seed}",
                     f"+checkpoint_path={out / 'checkpoints'}",
                     "+project_name=bench-curves",
