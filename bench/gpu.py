@@ -80,32 +80,35 @@ GPU_BOXES = {
 GPU_STEP_CAPS = {"a": 100, "b": 210, "c": 180}
 GPU_BUDGET_S = 510
 DRY_BOXES = {
-    "a.env": 20,
-    "a.pytest": 40,
-    "a.trm_sudoku_tiny": 40,
-    "a.gpt_shakespeare_char_tiny": 30,
-    "b.trm_sudoku": 40,
-    "b.gpt2_124m": 40,
-    "c.jax": 30,
-    "c.upstream": 30,
-    "d.data": 20,
-    "d.jax": 25,
-    "d.upstream": 20,
+    "a.env": 15,
+    "a.pytest": 25,
+    "a.trm_sudoku_tiny": 30,
+    "a.gpt_shakespeare_char_tiny": 25,
+    "b.trm_sudoku": 25,
+    "b.gpt2_124m": 25,
+    "c.jax": 25,
+    "c.upstream": 20,
+    "d.data": 10,
+    "d.jax": 20,
+    "d.upstream": 15,
 }
-DRY_STEP_CAPS = {"a": 100, "b": 60, "c": 50}
-DRY_BUDGET_S = 240
+DRY_STEP_CAPS = {"a": 65, "b": 40, "c": 30}
+DRY_BUDGET_S = 160
 DJAX_SHARE = 0.6
 MIN_BOX_S = 5.0  # a part with less time than this left is skipped ("no time left")
 
 # what the dry run runs instead (the CPU stand-ins of each GPU size)
 DRY_BENCH = {"b.trm_sudoku": "trm_sudoku_tiny", "b.gpt2_124m": "gpt_shakespeare_char_tiny"}
-DRY_TARGET_VAL_LOSS = 3.0  # gpt_shakespeare_char_tiny falls below it within ~50 steps
+DRY_TARGET_VAL_LOSS = 3.3  # gpt_shakespeare_char_tiny: 3.08 at step 20 on tiny-shakespeare
+DRY_EVAL_INTERVAL = 20
+DRY_TINY_STEPS = 20
 # nanoGPT README's CPU recipe, shortened to the dry run's size (bench/curves.py has the full one)
 DRY_NANOGPT_ARGS = (
     "--device=cpu",
     "--compile=False",
     "--eval_iters=5",
-    "--eval_interval=25",
+    f"--eval_interval={DRY_EVAL_INTERVAL}",
+    "--warmup_iters=20",  # as gpt_shakespeare_char_tiny (config/train_shakespeare_char.py: 100)
     "--log_interval=10",
     "--block_size=64",
     "--batch_size=12",
@@ -360,9 +363,7 @@ class TrainerRun(Part):
 
 
 class TinyTrainPart(TrainerRun):
-    """a: 50 steps of a tiny experiment on the device."""
-
-    steps = 50
+    """a: 50 steps of a tiny experiment on the device (DRY_TINY_STEPS in a dry run)."""
 
     def __init__(self, step, name):
         super().__init__(step, name)
@@ -377,7 +378,8 @@ class TinyTrainPart(TrainerRun):
         return None
 
     def overrides(self, ctx):
-        out = [f"trainer.max_steps={self.steps}", "trainer.log_interval=10"]
+        steps = DRY_TINY_STEPS if ctx.dry_run else 50
+        out = [f"trainer.max_steps={steps}", "trainer.log_interval=10"]
         if "gpt" in self.experiment:
             return [*out, f"data.path={ctx.asset('data', 'shakespeare_char')}"]
         data = ctx.asset("data", "sudoku-tiny-30u")
@@ -500,7 +502,7 @@ class JaxTargetRun(TargetRun, TrainerRun):
     def overrides(self, ctx):
         out = [f"data.path={ctx.asset('data', 'shakespeare_char')}"]
         if ctx.dry_run:
-            out += ["trainer.eval_interval=25", "trainer.eval_iters=5"]
+            out += [f"trainer.eval_interval={DRY_EVAL_INTERVAL}", "trainer.eval_iters=5"]
         return out
 
     def watch(self, t, line):

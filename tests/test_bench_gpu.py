@@ -136,37 +136,45 @@ def test_dry_run_runs_every_part_within_its_box(tmp_path):
     assert [r["part"] for r in parts] == [p.key for p in gpu.plan()]
     by = {r["part"]: r for r in parts}
     for r in parts:
-        assert r["status"] in ("ok", "failed", "timeout", "skipped"), r
+        # On a busy machine a part may run out of its box or of the budget (recorded as such);
+        # a part that fails is a bug.
+        assert r["status"] in ("ok", "timeout", "skipped"), r
         if r["status"] == "skipped":
-            assert r["reason"], r
+            assert r["reason"].startswith(("missing ", "no time left")), r
             continue
         assert {"returncode", "wall_s", "box_s", "command", "log", "result"} <= set(r), r
         assert r["wall_s"] <= r["box_s"] + 5, r  # killed at its box, at the latest
+    assert recs[-1]["wall_s"] <= DRY_BUDGET_S + 10
     for key in ("c.upstream", "d.upstream"):  # no checkouts here: skipped, naming the file
         assert by[key]["status"] == "skipped"
         assert by[key]["reason"].startswith(f"missing {assets / 'upstream'}"), by[key]
 
-    # what must work on any CPU, and what it measured
+    # what runs on any CPU well inside its box, and what it measured
     env_rec = by["a.env"]
     assert env_rec["status"] == "ok" and env_rec["result"]["versions"]["jax"]
     assert env_rec["result"]["jax"]["backend"] == "cpu"
     assert by["a.pytest"]["status"] == "ok"
     assert by["a.pytest"]["result"]["counts"]["skipped"] >= 2  # the gpu tests, on a CPU
     assert "tests/test_gpt_attention_impl.py" in by["a.pytest"]["result"]["files"]
-    tiny = by["a.trm_sudoku_tiny"]
-    assert tiny["status"] == "ok" and tiny["result"]["steps"] == 50, tiny
-    assert tiny["result"]["first_step_s"] > 0 and tiny["result"]["step_time_ms_median"] > 0
     assert by["d.data"]["status"] == "ok"
     assert by["d.data"]["result"]["train"]["examples"] == 20 * 3  # 2 augmentations each
     assert by["d.data"]["result"]["test"]["examples"] == 10
+    # what a quiet machine finishes in its box
+    for key in ("a.trm_sudoku_tiny", "a.gpt_shakespeare_char_tiny"):
+        if by[key]["status"] == "ok":
+            res = by[key]["result"]
+            assert res["steps"] == gpu.DRY_TINY_STEPS and res["first_step_s"] > 0, res
+            assert res["step_time_ms_median"] > 0 and "last_eval" in res
     for key in ("b.trm_sudoku", "b.gpt2_124m"):
         if by[key]["status"] == "ok":
             impls = {row["impl"] for row in by[key]["result"]["table"] if "impl" in row}
             assert impls == {"jax", "torch_eager"}
+            assert by[key]["result"]["bench"]["results"][0]["config"] == gpu.DRY_BENCH[key]
     if by["c.jax"]["status"] == "ok":  # stopped at its first evaluation under the target
         res = by["c.jax"]["result"]
-        assert res["reached"] and res["evals"][-1]["value"] <= gpu.DRY_TARGET_VAL_LOSS
-        assert by["c.jax"]["ended"] == "stopped"
+        assert by["c.jax"]["ended"] == "stopped" and res["reached"]
+        values = [e["value"] for e in res["evals"]]
+        assert values[-1] <= gpu.DRY_TARGET_VAL_LOSS < min(values[:-1], default=99.0)
     if "steps_per_s" in by["d.jax"]["result"]:
         assert by["d.jax"]["result"]["projected_h"] > 0
 
