@@ -1,7 +1,7 @@
 """One GPU session's whole plan in one command, every part time-boxed: `python -m bench gpu`.
 
     python -m bench gpu [--out DIR] [--work DIR] [--assets DIR] [--budget-s S] [--steps a,b,c,d]
-                        [--box PART=S ...] [--dry-run]
+                        [--box PART=S ...] [--cap STEP=S ...] [--dry-run]
     python -m bench gpu prepare --data DIR [--assets DIR]   # the data sets the parts read (once)
     python -m bench gpu env                                   # one line: device, driver, versions
     python -m bench gpu sudoku-data --src DIR [--test-csv F] --num-aug N --out DIR
@@ -158,7 +158,9 @@ def run_boxed(cmd, *, box_s: float, log, cwd=REPO, env=None, on_line=None):
         text=True,
         errors="replace",
         bufsize=1,
-        start_new_session=True,
+        # its own process group, to kill it whole; not its own session, so that whatever ends
+        # the driver's session (a GPU loan's command returning) ends the part as well
+        process_group=0,
     )
     lines: queue.Queue = queue.Queue()
 
@@ -169,28 +171,30 @@ def run_boxed(cmd, *, box_s: float, log, cwd=REPO, env=None, on_line=None):
 
     threading.Thread(target=read, daemon=True).start()
     ended = "exit"
-    while True:
-        left = box_s - (time.monotonic() - t0)
-        try:
-            line = lines.get(timeout=left) if left > 0 else None
-        except queue.Empty:
-            line = None
-        if line is None and (left <= 0 or time.monotonic() - t0 >= box_s):
-            ended = "box"
-            break
-        if line is None:  # the output closed: the process is ending
+    try:
+        while True:
+            left = box_s - (time.monotonic() - t0)
             try:
-                proc.wait(timeout=max(box_s - (time.monotonic() - t0), 0.01))
-            except subprocess.TimeoutExpired:
+                line = lines.get(timeout=left) if left > 0 else None
+            except queue.Empty:
+                line = None
+            if line is None and time.monotonic() - t0 >= box_s:
                 ended = "box"
-            break
-        log.write(line)
-        log.flush()
-        if on_line is not None and on_line(time.monotonic() - t0, line.rstrip("\n")):
-            ended = "stopped"
-            break
-    _kill_group(proc)
-    rc = proc.wait()
+                break
+            if line is None:  # the output closed: the process is ending
+                try:
+                    proc.wait(timeout=max(box_s - (time.monotonic() - t0), 0.01))
+                except subprocess.TimeoutExpired:
+                    ended = "box"
+                break
+            log.write(line)
+            log.flush()
+            if on_line is not None and on_line(time.monotonic() - t0, line.rstrip("\n")):
+                ended = "stopped"
+                break
+    finally:  # also when the driver itself is stopped (SIGTERM, Ctrl-C)
+        _kill_group(proc)
+        rc = proc.wait()
     return rc, time.monotonic() - t0, ended
 
 
@@ -874,7 +878,9 @@ def _parse_boxes(items: list[str]) -> dict:
     for item in items:
         k, sep, v = item.partition("=")
         if not sep:
-            raise SystemExit(f"bench gpu: --box expects PART=SECONDS (e.g. c.jax=60), got {item!r}")
+            raise SystemExit(
+                f"bench gpu: expected NAME=SECONDS (--box c.jax=60, --cap c=200), got {item!r}"
+            )
         out[k] = float(v)
     return out
 
@@ -889,6 +895,7 @@ def run_session(argv: list[str]) -> list[dict]:
     p.add_argument("--steps", default=",".join(STEPS), help="which of a,b,c,d (in plan order)")
     p.add_argument("--budget-s", type=float, default=None, help="the whole plan's seconds")
     p.add_argument("--box", action="append", default=[], metavar="PART=S", help="a part's box")
+    p.add_argument("--cap", action="append", default=[], metavar="STEP=S", help="a step's cap")
     p.add_argument("--dry-run", action="store_true", help="the CPU run of the same parts")
     a = p.parse_args(argv)
     steps = [s for s in a.steps.split(",") if s]
@@ -900,7 +907,7 @@ def run_session(argv: list[str]) -> list[dict]:
     ctx = Ctx(out=out, work=Path(a.work or default_work).resolve(),
               assets=Path(a.assets).resolve(), dry_run=a.dry_run)  # fmt: skip
     boxes = {**(DRY_BOXES if a.dry_run else GPU_BOXES), **_parse_boxes(a.box)}
-    caps = DRY_STEP_CAPS if a.dry_run else GPU_STEP_CAPS
+    caps = {**(DRY_STEP_CAPS if a.dry_run else GPU_STEP_CAPS), **_parse_boxes(a.cap)}
     budget = a.budget_s or (DRY_BUDGET_S if a.dry_run else GPU_BUDGET_S)
     commits = ctx.asset("upstream", "COMMITS")
     header = {"kind": "session", "started_utc": _utc(), "dry_run": a.dry_run,
@@ -909,6 +916,8 @@ def run_session(argv: list[str]) -> list[dict]:
               "assets": str(ctx.assets), "work": str(ctx.work),
               "upstream_commits": commits.read_text().strip() if commits.exists() else None}  # fmt: skip
     parts = [part for part in plan() if part.step in steps]
+    # stopped from outside: end the part in flight (run_boxed's finally) and exit
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     session = Session(ctx, budget_s=budget, boxes=boxes, caps=caps)
     records = session.run(parts, header)
     print((ctx.out / SUMMARY).read_text(), flush=True)
