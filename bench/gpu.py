@@ -81,19 +81,19 @@ GPU_STEP_CAPS = {"a": 100, "b": 210, "c": 180}
 GPU_BUDGET_S = 510
 DRY_BOXES = {
     "a.env": 15,
-    "a.pytest": 25,
-    "a.trm_sudoku_tiny": 30,
-    "a.gpt_shakespeare_char_tiny": 25,
-    "b.trm_sudoku": 25,
-    "b.gpt2_124m": 25,
-    "c.jax": 25,
-    "c.upstream": 20,
+    "a.pytest": 20,
+    "a.trm_sudoku_tiny": 25,
+    "a.gpt_shakespeare_char_tiny": 20,
+    "b.trm_sudoku": 20,
+    "b.gpt2_124m": 20,
+    "c.jax": 20,
+    "c.upstream": 15,
     "d.data": 10,
-    "d.jax": 20,
-    "d.upstream": 15,
+    "d.jax": 15,
+    "d.upstream": 10,
 }
-DRY_STEP_CAPS = {"a": 65, "b": 40, "c": 30}
-DRY_BUDGET_S = 160
+DRY_STEP_CAPS = {"a": 50, "b": 30, "c": 20}
+DRY_BUDGET_S = 120
 DJAX_SHARE = 0.6
 MIN_BOX_S = 5.0  # a part with less time than this left is skipped ("no time left")
 
@@ -914,7 +914,8 @@ def run_session(argv: list[str]) -> list[dict]:
               "command": "python -m bench gpu " + shlex.join(argv), "git_commit": _git_commit(),
               "budget_s": budget, "steps": steps, "boxes": boxes, "step_caps": caps,
               "assets": str(ctx.assets), "work": str(ctx.work),
-              "upstream_commits": commits.read_text().strip() if commits.exists() else None}  # fmt: skip
+              "upstream_commits": "; ".join(commits.read_text().split("\n")).strip("; ")
+              if commits.exists() else None}  # fmt: skip
     parts = [part for part in plan() if part.step in steps]
     # stopped from outside: end the part in flight (run_boxed's finally) and exit
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))

@@ -6,10 +6,11 @@
   and every record reaches results.jsonl as it is made;
 - the dry run, as a user types it: every part of the plan on the CPU with the tiny configs, inputs
   made here (a synthetic text, a few Sudokus in the upstream layout and a Sudoku-Extreme-format
-  CSV), no upstream checkouts: one record per part in plan order with its fields, every box and the
-  budget respected, the parts that must work on any CPU ended ok with what they measured, the
-  upstream parts skipped naming what is missing, and OUT within what a GPU loan brings back
-  (at most 8 files, plain names).
+  CSV): one record per part in plan order with its fields, every box and the budget respected, no
+  part failed, what a part that ended ok measured, the upstream parts skipped naming what is
+  missing, and OUT within what a GPU loan brings back (at most 8 files, plain names). Within its
+  budget on a busy machine parts may be cut at their boxes (the default tier); given the time,
+  every part ends ok (the slow tier, with upstream's checkouts when the environment names them).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from bench import gpu
 from tests.helpers import build_tiny_text
@@ -111,30 +113,30 @@ def _sudoku_inputs(assets: Path) -> None:
     csv.write_text("\n".join(rows) + "\n")
 
 
-DRY_BUDGET_S = 150
-
-
-def test_dry_run_runs_every_part_within_its_box(tmp_path):
+def _dry_run(tmp_path, *args, upstream: dict | None = None) -> tuple[Path, list[dict], float]:
+    """`python -m bench gpu --dry-run` as a user types it, on inputs made here; -> (assets, part
+    records, seconds). `upstream`: {"nanoGPT" | "TinyRecursiveModels" | "adam-atan2": checkout}."""
     assets, out = tmp_path / "assets", tmp_path / "out"
     build_tiny_text(str(assets / "data" / "shakespeare_char"))
     _sudoku_inputs(assets)
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    for name, src in (upstream or {}).items():
+        (assets / "upstream").mkdir(exist_ok=True)
+        (assets / "upstream" / name).symlink_to(src)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env.pop("OUT", None)
     cmd = [sys.executable, "-m", "bench", "gpu", "--dry-run", "--out", str(out), "--assets",
-           str(assets), "--budget-s", str(DRY_BUDGET_S)]  # fmt: skip
+           str(assets), *args]  # fmt: skip
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=DRY_BUDGET_S + 60)  # fmt: skip
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
     wall = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert wall < DRY_BUDGET_S + 30
 
     recs = _records(out)
     assert recs[0]["kind"] == "session" and recs[0]["dry_run"] is True
     assert recs[-1]["kind"] == "end"
     parts = [r for r in recs if r["kind"] == "part"]
     assert [r["part"] for r in parts] == [p.key for p in gpu.plan()]
-    by = {r["part"]: r for r in parts}
     for r in parts:
         # On a busy machine a part may run out of its box or of the budget (recorded as such);
         # a part that fails is a bug.
@@ -144,22 +146,23 @@ def test_dry_run_runs_every_part_within_its_box(tmp_path):
             continue
         assert {"returncode", "wall_s", "box_s", "command", "log", "result"} <= set(r), r
         assert r["wall_s"] <= r["box_s"] + 5, r  # killed at its box, at the latest
-    assert recs[-1]["wall_s"] <= DRY_BUDGET_S + 10
-    for key in ("c.upstream", "d.upstream"):  # no checkouts here: skipped, naming the file
-        assert by[key]["status"] == "skipped"
-        assert by[key]["reason"].startswith(f"missing {assets / 'upstream'}"), by[key]
+    # what comes back from a GPU loan: at most 8 files, plain names, nothing deeper
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= 8 and all(re.fullmatch(r"[A-Za-z0-9._-]+", f) for f in files), files
+    assert all(p.is_file() for p in out.iterdir())
+    summary = (out / gpu.SUMMARY).read_text()
+    assert all(f"| {p.key} |" in summary for p in gpu.plan())
+    return assets, parts, wall
 
-    # what runs on any CPU well inside its box, and what it measured
+
+def _check_measured(by: dict) -> None:
+    """What each part that ended ok measured."""
     env_rec = by["a.env"]
-    assert env_rec["status"] == "ok" and env_rec["result"]["versions"]["jax"]
-    assert env_rec["result"]["jax"]["backend"] == "cpu"
-    assert by["a.pytest"]["status"] == "ok"
-    assert by["a.pytest"]["result"]["counts"]["skipped"] >= 2  # the gpu tests, on a CPU
-    assert "tests/test_gpt_attention_impl.py" in by["a.pytest"]["result"]["files"]
-    assert by["d.data"]["status"] == "ok"
-    assert by["d.data"]["result"]["train"]["examples"] == 20 * 3  # 2 augmentations each
-    assert by["d.data"]["result"]["test"]["examples"] == 10
-    # what a quiet machine finishes in its box
+    if env_rec["status"] == "ok":
+        assert env_rec["result"]["versions"]["jax"] and env_rec["result"]["jax"]["backend"] == "cpu"
+    if by["a.pytest"]["status"] == "ok":
+        assert by["a.pytest"]["result"]["counts"]["skipped"] >= 2  # the gpu tests, on a CPU
+        assert "tests/test_gpt_attention_impl.py" in by["a.pytest"]["result"]["files"]
     for key in ("a.trm_sudoku_tiny", "a.gpt_shakespeare_char_tiny"):
         if by[key]["status"] == "ok":
             res = by[key]["result"]
@@ -170,17 +173,56 @@ def test_dry_run_runs_every_part_within_its_box(tmp_path):
             impls = {row["impl"] for row in by[key]["result"]["table"] if "impl" in row}
             assert impls == {"jax", "torch_eager"}
             assert by[key]["result"]["bench"]["results"][0]["config"] == gpu.DRY_BENCH[key]
-    if by["c.jax"]["status"] == "ok":  # stopped at its first evaluation under the target
-        res = by["c.jax"]["result"]
-        assert by["c.jax"]["ended"] == "stopped" and res["reached"]
-        values = [e["value"] for e in res["evals"]]
-        assert values[-1] <= gpu.DRY_TARGET_VAL_LOSS < min(values[:-1], default=99.0)
-    if "steps_per_s" in by["d.jax"]["result"]:
-        assert by["d.jax"]["result"]["projected_h"] > 0
+    for key in ("c.jax", "c.upstream"):
+        if by[key]["status"] == "ok":  # stopped at its first evaluation under the target
+            res = by[key]["result"]
+            assert by[key]["ended"] == "stopped" and res["reached"]
+            values = [e["value"] for e in res["evals"]]
+            assert values[-1] <= gpu.DRY_TARGET_VAL_LOSS < min(values[:-1], default=99.0)
+    if by["d.data"]["status"] == "ok":
+        assert by["d.data"]["result"]["train"]["examples"] == 20 * 3  # 2 augmentations each
+        assert by["d.data"]["result"]["test"]["examples"] == 10
+    for key in ("d.jax", "d.upstream"):
+        if "steps_per_s" in by[key]["result"]:
+            assert by[key]["result"]["steps_per_s"] > 0 and by[key]["result"]["projected_h"] > 0
 
-    # what comes back from a GPU loan: at most 8 files, plain names, nothing deeper
-    files = sorted(p.name for p in out.iterdir())
-    assert len(files) <= 8 and all(re.fullmatch(r"[A-Za-z0-9._-]+", f) for f in files), files
-    assert all(p.is_file() for p in out.iterdir())
-    summary = (out / gpu.SUMMARY).read_text()
-    assert all(f"| {p.key} |" in summary for p in gpu.plan())
+
+def test_dry_run_runs_every_part_within_the_budget(tmp_path):
+    """The dry run as it is, within its budget: what does not fit is recorded, never lost."""
+    assets, parts, wall = _dry_run(tmp_path)
+    assert wall < gpu.DRY_BUDGET_S + 30
+    by = {r["part"]: r for r in parts}
+    for key in ("c.upstream", "d.upstream"):  # no checkouts here: skipped, naming the file
+        assert by[key]["status"] == "skipped"
+        assert by[key]["reason"].startswith(f"missing {assets / 'upstream'}"), by[key]
+    assert by["a.env"]["status"] == "ok" and by["d.data"]["status"] == "ok"
+    _check_measured(by)
+
+
+@pytest.mark.slow
+def test_dry_run_every_part_ends_ok_given_the_time(tmp_path):
+    """Boxes large enough for a busy 2-core machine: every part ends ok with what it measured.
+    The upstream parts run when TRM_GOLDENS_NANOGPT_SRC, TRM_GOLDENS_TRM_SRC and
+    TRM_GOLDENS_ADAM_ATAN2_SRC name checkouts (and pretrain.py's imports are installed: the
+    goldens extra), else they are skipped, naming what is missing."""
+    names = {"nanoGPT": "NANOGPT", "TinyRecursiveModels": "TRM", "adam-atan2": "ADAM_ATAN2"}
+    upstream = {
+        n: os.environ[f"TRM_GOLDENS_{v}_SRC"]
+        for n, v in names.items()
+        if os.environ.get(f"TRM_GOLDENS_{v}_SRC")
+    }
+    boxes = {"a.env": 60, "a.pytest": 120, "a.trm_sudoku_tiny": 240, "b.trm_sudoku": 300,
+             "a.gpt_shakespeare_char_tiny": 240, "b.gpt2_124m": 300, "c.jax": 240,
+             "c.upstream": 240, "d.data": 60, "d.jax": 120, "d.upstream": 120}  # fmt: skip
+    args = ["--budget-s", "2400", "--cap", "a=700", "--cap", "b=700", "--cap", "c=500"]
+    args += [f"--box={k}={v}" for k, v in boxes.items()]
+    _, parts, _ = _dry_run(tmp_path, *args, upstream=upstream)
+    by = {r["part"]: r for r in parts}
+    for r in parts:
+        if r["part"] in ("c.upstream", "d.upstream") and r["status"] == "skipped":
+            assert r["reason"].startswith("missing "), r
+        else:
+            assert r["status"] == "ok", r
+    assert by["c.jax"]["ended"] == "stopped"
+    assert "steps_per_s" in by["d.jax"]["result"]
+    _check_measured(by)
