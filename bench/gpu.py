@@ -783,7 +783,7 @@ class Session:
         reason = self.skip_reason(part)
         box = self.box_for(part, later_in_step)
         if reason is None and box < min(MIN_BOX_S, self.boxes.get(part.key, MIN_BOX_S)):
-            reason = f"no time left ({box:.0f} s of the step's cap or the budget)"
+            reason = f"no time left ({max(box, 0):.0f} s of the step's cap or the budget)"
         if reason is not None:
             rec.update(status="skipped", reason=reason)
             return self.finish(part, rec, {})
