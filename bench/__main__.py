@@ -1,5 +1,6 @@
 """`python -m bench [...]` (step-time benchmark), `python -m bench ttq [...]` (time to quality) and
-`python -m bench curves [...]` (whole runs against upstream's own code)."""
+`python -m bench curves [...]` (whole runs against upstream's own code) and `python -m bench gpu [...]`
+(one GPU session's whole plan, time-boxed)."""
 
 import sys
 
@@ -14,6 +15,10 @@ def _main() -> None:
         from bench.curves import main as curves_main
 
         curves_main(argv[1:])
+    elif argv and argv[0] == "gpu":
+        from bench.gpu import main as gpu_main
+
+        gpu_main(argv[1:])
     else:
         from bench.harness import main
 

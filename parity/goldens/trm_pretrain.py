@@ -1,12 +1,13 @@
-"""Upstream TRM's own training script (pretrain.py), imported from a checkout and run on the CPU.
+"""Upstream TRM's own training script (pretrain.py), imported from a checkout and run on the CPU
+(or, with device="cuda", where upstream meant it to run).
 
     with pretrain(trm_src, adam_atan2_src) as (pt, imp):
         pt.init_train_state(...), pt.train_batch(...), pt.evaluate(...), pt.launch.__wrapped__(cfg)
 
 What changes, and only at load time (the checkout is never written):
 - pretrain.py's device strings: `"cuda"` -> `"cpu"` and `.cuda()` -> `.cpu()` (the nanoGPT
-  generator runs train.py with `--device=cpu` the same way); `DISABLE_COMPILE=1`, pretrain.py's
-  own switch for torch.compile.
+  generator runs train.py with `--device=cpu` the same way; none with device="cuda");
+  `DISABLE_COMPILE=1`, pretrain.py's own switch for torch.compile.
 - AdamATan2 is the adam-atan2 package's own class, imported from its checkout
   (imoneoi/adam-atan2). Only its CUDA kernel module `adam_atan2_backend` is a stand-in: it calls,
   per parameter, the pure-PyTorch reference implementation that the same package ships in its
@@ -81,9 +82,9 @@ def adam_atan2_backend(adam_src: Path) -> types.ModuleType:
     return mod
 
 
-def _load_rewritten(name: str, path: Path) -> types.ModuleType:
+def _load_rewritten(name: str, path: Path, rewrites=DEVICE_REWRITES) -> types.ModuleType:
     text = path.read_text()
-    for old, new in DEVICE_REWRITES:
+    for old, new in rewrites:
         text = text.replace(old, new)
     mod = types.ModuleType(name)
     mod.__file__ = str(path)  # so upstream_on_path unloads it, and hydra finds config/ beside it
@@ -93,9 +94,11 @@ def _load_rewritten(name: str, path: Path) -> types.ModuleType:
 
 
 @contextlib.contextmanager
-def pretrain(trm_src: Path, adam_src: Path):
+def pretrain(trm_src: Path, adam_src: Path, device: str = "cpu"):
     """Yield (upstream's pretrain module, an importer of upstream's modules), everything unloaded
-    afterwards."""
+    afterwards. `device`: "cpu" (its device strings rewritten) or "cuda" (left as they are)."""
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"pretrain: device must be 'cpu' or 'cuda', got {device!r}")
     _check_extra()
     from parity.goldens.trm import upstream
 
@@ -111,7 +114,8 @@ def pretrain(trm_src: Path, adam_src: Path):
         with upstream(trm_src) as imp:
             importlib.import_module("adam_atan2")
             importlib.import_module("adam_atan2.adam_atan2_test")
-            yield _load_rewritten("pretrain", trm_src / "pretrain.py"), imp
+            rewrites = DEVICE_REWRITES if device == "cpu" else ()
+            yield _load_rewritten("pretrain", trm_src / "pretrain.py", rewrites), imp
     finally:
         sys.path.remove(str(adam_src))
         for k in [k for k in sys.modules if k == "adam_atan2" or k.startswith("adam_atan2")]:

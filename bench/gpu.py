@@ -1,0 +1,1047 @@
+"""One GPU session's whole plan in one command, every part time-boxed: `python -m bench gpu`.
+
+    python -m bench gpu [--out DIR] [--work DIR] [--assets DIR] [--budget-s S] [--steps a,b,c,d]
+                        [--box PART=S ...] [--cap STEP=S ...] [--dry-run]
+    python -m bench gpu prepare --data DIR [--assets DIR]   # the data sets the parts read (once)
+    python -m bench gpu env                                   # one line: device, driver, versions
+    python -m bench gpu sudoku-data --src DIR [--test-csv F] --num-aug N --out DIR
+
+The plan (docs/benchmarks.md, "What a GPU session runs"), in priority order:
+
+  a  the environment in one line; `pytest -m gpu` on the test files that hold gpu-marked tests;
+     50 steps each of trm_sudoku_tiny and gpt_shakespeare_char_tiny through `python -m train.main`
+  b  `python -m bench --device gpu` on trm_sudoku, then on gpt2_124m (JAX vs our PyTorch reference,
+     eager and torch.compile, interleaved; MFU against the device's bf16 dense peak)
+  c  gpt_shakespeare_char to val loss <= 1.47: this trainer, then nanoGPT's own train.py with the
+     same settings (config/train_shakespeare_char.py), each stopped at its first evaluation there
+  d  trm_sudoku on Sudoku-Extreme 1k x 1000 augmentations (built first): this trainer's steps/s
+     and the projected wall time of the paper's 65,104 steps, then upstream pretrain.py's steps/s
+     in the time left
+
+Every part is one process group with a time box, capped by what is left of its step's cap and of
+the whole budget (--budget-s); step d takes what a-c leave. When a part ends (exit, a target
+reached, its box, or a failure) one JSON line goes to OUT/results.jsonl (status ok | failed |
+timeout | skipped, exit code, seconds, box, command, what it measured), its output has already
+gone to OUT/<step>.log line by line, and OUT/summary.md is rewritten. A timeout, of a part or of
+the whole call, keeps everything done before it; the next part runs whatever the last one did.
+OUT gets 6 files (results.jsonl, summary.md, a.log .. d.log): a GPU loan brings back at most 8.
+
+Inputs come from ASSETS (default `.gpu`, git-ignored; `bash bench/gpu_prepare.sh` fills it):
+upstream/{nanoGPT,TinyRecursiveModels,adam-atan2} (checkout files; upstream/COMMITS),
+data/shakespeare_char (our builder's bins), data/sudoku-tiny-30u (trm_sudoku_tiny's data as the
+trainer builds it), data/sudoku-extreme-1k-train-only (upstream layout) and
+data/sudoku-hard-test-1k/test.csv. A part whose input is missing is recorded as skipped, naming it.
+
+--dry-run: the same parts on the CPU with the tiny configs, a few steps and short boxes (about two
+minutes; tests/test_bench_gpu.py runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import queue
+import re
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = "results.jsonl"
+SUMMARY = "summary.md"
+STEPS = ("a", "b", "c", "d")
+PAPER_TRM_STEPS = (
+    65104  # 50,000 epochs x 1000 groups / batch 768 (configs/experiment/trm_sudoku.yaml)
+)
+TARGET_VAL_LOSS = 1.47  # nanoGPT README: 1.4697 for config/train_shakespeare_char.py
+
+# Seconds. A part's box is capped by what is left of its step's cap and of the budget; d's parts
+# have no box of their own: d takes what is left (d.jax DJAX_SHARE of it when upstream follows).
+GPU_BOXES = {
+    "a.env": 30,
+    "a.pytest": 60,
+    "a.trm_sudoku_tiny": 45,
+    "a.gpt_shakespeare_char_tiny": 45,
+    "b.trm_sudoku": 130,
+    "b.gpt2_124m": 100,
+    "c.jax": 80,
+    "c.upstream": 100,
+    "d.data": 60,
+}
+GPU_STEP_CAPS = {"a": 100, "b": 210, "c": 180}
+GPU_BUDGET_S = 510
+DRY_BOXES = {
+    "a.env": 15,
+    "a.pytest": 20,
+    "a.trm_sudoku_tiny": 25,
+    "a.gpt_shakespeare_char_tiny": 20,
+    "b.trm_sudoku": 20,
+    "b.gpt2_124m": 20,
+    "c.jax": 20,
+    "c.upstream": 15,
+    "d.data": 10,
+    "d.jax": 15,
+    "d.upstream": 10,
+}
+DRY_STEP_CAPS = {"a": 50, "b": 30, "c": 20}
+DRY_BUDGET_S = 120
+DJAX_SHARE = 0.6
+MIN_BOX_S = 5.0  # a part with less time than this left is skipped ("no time left")
+
+# what the dry run runs instead (the CPU stand-ins of each GPU size)
+DRY_BENCH = {"b.trm_sudoku": "trm_sudoku_tiny", "b.gpt2_124m": "gpt_shakespeare_char_tiny"}
+DRY_TARGET_VAL_LOSS = 3.3  # gpt_shakespeare_char_tiny: 3.08 at step 20 on tiny-shakespeare
+DRY_EVAL_INTERVAL = 20
+DRY_TINY_STEPS = 20
+# nanoGPT README's CPU recipe, shortened to the dry run's size (bench/curves.py has the full one)
+DRY_NANOGPT_ARGS = (
+    "--device=cpu",
+    "--compile=False",
+    "--eval_iters=5",
+    f"--eval_interval={DRY_EVAL_INTERVAL}",
+    "--warmup_iters=20",  # as gpt_shakespeare_char_tiny (config/train_shakespeare_char.py: 100)
+    "--log_interval=10",
+    "--block_size=64",
+    "--batch_size=12",
+    "--n_layer=4",
+    "--n_head=4",
+    "--n_embd=128",
+    "--max_iters=300",
+    "--lr_decay_iters=300",
+    "--dropout=0.0",
+)
+# trm_sudoku_tiny's own data, smaller, when ASSETS has no prebuilt copy (dry run)
+DRY_TINY_SUDOKU_ARGS = "['train=40','test=16','blanks=30','num_aug=2','unique=1']"
+
+TRAINER_QUIET = (
+    "logging.wandb=disabled",
+    "trainer.progress_bar=false",
+    "run.compilation_cache_dir=null",  # every run compiles, as a first run does
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# Running one part: a process group with a box, its output streamed to the step's log
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_boxed(cmd, *, box_s: float, log, cwd=REPO, env=None, on_line=None):
+    """Run `cmd` in its own process group for at most `box_s` seconds; every output line goes to
+    the open file `log` as it comes and to `on_line(t, line)` (seconds since start), which returns
+    True to stop the run there. -> (exit code, seconds, how it ended: "exit" | "stopped" | "box").
+    Whatever way it ends, the whole group is killed: no process outlives its part."""
+    t0 = time.monotonic()
+    log.write(f"$ {shlex.join(str(c) for c in cmd)}\n")
+    log.flush()
+    proc = subprocess.Popen(
+        [str(c) for c in cmd],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        errors="replace",
+        bufsize=1,
+        # its own process group, to kill it whole; not its own session, so that whatever ends
+        # the driver's session (a GPU loan's command returning) ends the part as well
+        process_group=0,
+    )
+    lines: queue.Queue = queue.Queue()
+
+    def read():
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    ended = "exit"
+    try:
+        while True:
+            left = box_s - (time.monotonic() - t0)
+            try:
+                line = lines.get(timeout=left) if left > 0 else None
+            except queue.Empty:
+                line = None
+            if line is None and time.monotonic() - t0 >= box_s:
+                ended = "box"
+                break
+            if line is None:  # the output closed: the process is ending
+                try:
+                    proc.wait(timeout=max(box_s - (time.monotonic() - t0), 0.01))
+                except subprocess.TimeoutExpired:
+                    ended = "box"
+                break
+            log.write(line)
+            log.flush()
+            if on_line is not None and on_line(time.monotonic() - t0, line.rstrip("\n")):
+                ended = "stopped"
+                break
+    finally:  # also when the driver itself is stopped (SIGTERM, Ctrl-C)
+        _kill_group(proc)
+        rc = proc.wait()
+    return rc, time.monotonic() - t0, ended
+
+
+# ----------------------------------------------------------------------------------------------
+# The parts
+
+
+@dataclasses.dataclass
+class Ctx:
+    """What every part may read: where things are, the mode, the records written so far."""
+
+    out: Path
+    work: Path
+    assets: Path
+    dry_run: bool
+    python: str = sys.executable
+    records: dict = dataclasses.field(default_factory=dict)  # "a.env" -> its record
+
+    def asset(self, *parts: str) -> Path:
+        return self.assets.joinpath(*parts)
+
+
+class Part:
+    """One process of the plan. Subclasses say what to run, what to watch in its output and what
+    it measured; `missing()` names an input that is not there (the part is then skipped)."""
+
+    ok_at_box = False  # reaching its box is how this part ends (a throughput window)
+    needs: tuple[str, ...] = ()  # parts that must have ended "ok" first
+
+    def __init__(self, step: str, name: str):
+        self.step, self.name = step, name
+        self.lines: list[tuple[float, str]] = []
+
+    @property
+    def key(self) -> str:
+        return f"{self.step}.{self.name}"
+
+    def missing(self, ctx: Ctx) -> str | None:
+        return None
+
+    def command(self, ctx: Ctx) -> list[str]:
+        raise NotImplementedError
+
+    def env(self, ctx: Ctx) -> dict:
+        env = dict(os.environ, PYTHONUNBUFFERED="1", TQDM_DISABLE="1", WANDB_MODE="disabled")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+        # a run under pytest would inherit the suite's fake CPU devices (tests/conftest.py)
+        flags = env.get("XLA_FLAGS", "").split()
+        env["XLA_FLAGS"] = " ".join(f for f in flags if "host_platform_device_count" not in f)
+        if ctx.dry_run:
+            env["JAX_PLATFORMS"] = "cpu"
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        return env
+
+    def watch(self, t: float, line: str) -> bool:
+        return False
+
+    def on_line(self, t: float, line: str) -> bool:
+        self.lines.append((t, line))
+        return self.watch(t, line)
+
+    def result(self, ctx: Ctx, rc: int, ended: str) -> dict:
+        return {}
+
+    def headline(self, result: dict) -> str:
+        return ""
+
+
+def _py(ctx: Ctx, *args) -> list[str]:
+    return [ctx.python, *map(str, args)]
+
+
+class EnvPart(Part):
+    def command(self, ctx):
+        return _py(ctx, "-m", "bench", "gpu", "env")
+
+    def env(self, ctx):
+        return {**super().env(ctx), "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+
+    def result(self, ctx, rc, ended):
+        for _, line in reversed(self.lines):
+            if line.startswith("ENV {"):
+                return json.loads(line[4:])
+        return {}
+
+    def headline(self, r):
+        return r.get("line", "")
+
+
+def gpu_test_files() -> list[str]:
+    """The test files that hold gpu-marked tests (pytest -m gpu collects only from these: the
+    other files need not even import)."""
+    return sorted(
+        str(p.relative_to(REPO))
+        for p in (REPO / "tests").glob("test_*.py")
+        if "mark.gpu" in p.read_text()
+    )
+
+
+class PytestPart(Part):
+    _SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected|xfailed|xpassed)")
+
+    def command(self, ctx):
+        return _py(ctx, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
+                   *gpu_test_files())  # fmt: skip
+
+    def env(self, ctx):
+        return {**super().env(ctx), "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+
+    def result(self, ctx, rc, ended):
+        counts = {}
+        for _, line in self.lines[-5:]:
+            if " in " in line and self._SUMMARY.search(line):
+                counts = {k.rstrip("s"): int(n) for n, k in self._SUMMARY.findall(line)}
+        return {"files": gpu_test_files(), "counts": counts}
+
+    def headline(self, r):
+        return ", ".join(f"{n} {k}" for k, n in r.get("counts", {}).items())
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:  # a line cut by the kill
+            pass
+    return rows
+
+
+_FIRST_STEP = re.compile(r"first step done ([\d.]+) s after the trainer started")
+_STEP_LINE = re.compile(r"^step (\d+): (.*)$")
+
+
+class TrainerRun(Part):
+    """`python -m train.main +experiment=X` with the run directory under WORK/runs."""
+
+    experiment = ""
+
+    def run_dir(self, ctx) -> Path:
+        return ctx.work / "runs" / self.key
+
+    def overrides(self, ctx) -> list[str]:
+        return []
+
+    def command(self, ctx):
+        shutil.rmtree(self.run_dir(ctx), ignore_errors=True)  # a left-over run would resume
+        return _py(ctx, "-m", "train.main", f"+experiment={self.experiment}", *TRAINER_QUIET,
+                   f"run.out_dir={self.run_dir(ctx).parent}", f"run.name={self.key}",
+                   *self.overrides(ctx))  # fmt: skip
+
+    def trainer_facts(self, ctx) -> dict:
+        rows = _read_jsonl(self.run_dir(ctx) / "metrics.jsonl")
+        train = [r for r in rows if "step_time_ms" in r]
+        evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
+        first = next((float(m.group(1)) for _, ln in self.lines if (m := _FIRST_STEP.search(ln))),
+                     None)  # fmt: skip
+        out = {"first_step_s": first, "steps": max((r["step"] for r in train), default=0)}
+        if train:
+            later = [r["step_time_ms"] for r in train[1:]] or [train[0]["step_time_ms"]]
+            out["step_time_ms_median"] = statistics.median(later)
+            if "mfu" in train[-1]:
+                out["mfu_median"] = statistics.median(r.get("mfu", 0.0) for r in train[1:] or train)
+            out["last_train"] = train[-1]
+        if evals:
+            out["last_eval"] = evals[-1]
+        return out
+
+
+class TinyTrainPart(TrainerRun):
+    """a: 50 steps of a tiny experiment on the device (DRY_TINY_STEPS in a dry run)."""
+
+    def __init__(self, step, name):
+        super().__init__(step, name)
+        self.experiment = name
+
+    def missing(self, ctx):
+        if (
+            "gpt" in self.experiment
+            and not (ctx.asset("data", "shakespeare_char") / "train.bin").exists()
+        ):
+            return f"{ctx.asset('data', 'shakespeare_char')}/train.bin (bash bench/gpu_prepare.sh)"
+        return None
+
+    def overrides(self, ctx):
+        steps = DRY_TINY_STEPS if ctx.dry_run else 50
+        out = [f"trainer.max_steps={steps}", "trainer.log_interval=10"]
+        if "gpt" in self.experiment:
+            return [*out, f"data.path={ctx.asset('data', 'shakespeare_char')}"]
+        data = ctx.asset("data", "sudoku-tiny-30u")
+        if (data / "train" / "dataset.json").exists():
+            return [*out, f"data.path={data}"]
+        # no prebuilt copy: the trainer builds it (smaller in a dry run)
+        out.append(f"data.path={ctx.work / 'sudoku-tiny-30u'}")
+        return [*out, f"data.build_args={DRY_TINY_SUDOKU_ARGS}"] if ctx.dry_run else out
+
+    def result(self, ctx, rc, ended):
+        return self.trainer_facts(ctx)
+
+    def headline(self, r):
+        ms = r.get("step_time_ms_median")
+        return f"{r.get('steps')} steps, first step {r.get('first_step_s')} s" + (
+            f", {ms:.1f} ms/step" if ms else ""
+        )
+
+
+class BenchPart(Part):
+    """b: `python -m bench` on one config (its own invocation, so one config's timeout keeps the
+    other's results)."""
+
+    def __init__(self, step, config):
+        super().__init__(step, config)
+        self.config = config
+
+    def out_dir(self, ctx) -> Path:
+        return ctx.work / f"bench-{self.config}"
+
+    def command(self, ctx):
+        shutil.rmtree(self.out_dir(ctx), ignore_errors=True)
+        if ctx.dry_run:
+            args = ["--device", "cpu", "--configs", DRY_BENCH[self.key], "--impls", "jax,torch_eager",
+                    "--steps", "2", "--warmup", "0", "--inner", "1", "--peak-flops", "1e11"]  # fmt: skip
+        else:
+            args = ["--device", "gpu", "--configs", self.config]
+        # a worker that does not answer within this (torch.compile's first call, say) is recorded
+        # as failed and the others go on: bench.json is written only at the end
+        timeout = max(20, int(0.6 * self.box))
+        return _py(ctx, "-m", "bench", *args, "--no-chart", "--timeout", timeout,
+                   "--out", self.out_dir(ctx))  # fmt: skip
+
+    def result(self, ctx, rc, ended):
+        path = self.out_dir(ctx) / "bench.json"
+        if not path.exists():
+            return {}
+        full = json.loads(path.read_text())
+        rows = []
+        for res in full.get("results", []):
+            for impl, v in res.get("impls", {}).items():
+                st = v.get("step_time_s") or {}
+                rows.append({"config": res["config"], "impl": impl, "status": v.get("status"),
+                             "step_ms_median": 1e3 * st["median"] if st else None,
+                             "items_per_s": v.get("items_per_s"), "mfu": v.get("mfu"),
+                             "compile_s": v.get("compile_s"), "error": v.get("error")})  # fmt: skip
+            for name, r in (res.get("ratios") or {}).items():
+                rows.append({"config": res["config"], "ratio": name, "median": r.get("median"),
+                             "q1": r.get("q1"), "q3": r.get("q3")})  # fmt: skip
+        return {"peak_flops": full.get("peak_flops"),
+                "peak_flops_source": full.get("peak_flops_source"), "table": rows, "bench": full}  # fmt: skip
+
+    def headline(self, r):
+        bits = []
+        for row in r.get("table", []):
+            if "impl" in row and row.get("step_ms_median"):
+                mfu = f", MFU {100 * row['mfu']:.1f}%" if row.get("mfu") else ""
+                bits.append(f"{row['impl']} {row['step_ms_median']:.1f} ms{mfu}")
+            elif "impl" in row:
+                bits.append(f"{row['impl']} {row.get('status')}")
+            elif row.get("median"):
+                bits.append(f"{row['ratio']} {row['median']:.3f}")
+        return "; ".join(bits)
+
+
+class TargetRun(Part):
+    """c: a whole run stopped at its first evaluation at or below the target val loss."""
+
+    def __init__(self, step, name):
+        super().__init__(step, name)
+        self.evals: list[dict] = []
+        self.target = TARGET_VAL_LOSS
+
+    def missing(self, ctx):
+        if not (ctx.asset("data", "shakespeare_char") / "train.bin").exists():
+            return f"{ctx.asset('data', 'shakespeare_char')}/train.bin (bash bench/gpu_prepare.sh)"
+        return None
+
+    def add_eval(self, t, step, value) -> bool:
+        self.evals.append({"step": step, "value": value, "t": round(t, 2)})
+        return value <= self.target
+
+    def result(self, ctx, rc, ended):
+        hit = next((e for e in self.evals if e["value"] <= self.target), None)
+        best = min(self.evals, key=lambda e: e["value"]) if self.evals else None
+        return {"target": self.target, "reached": hit is not None,
+                "time_to_target_s": hit["t"] if hit else None,
+                "step_at_target": hit["step"] if hit else None, "best": best, "evals": self.evals}  # fmt: skip
+
+    def headline(self, r):
+        if r.get("reached"):
+            return f"val loss {r['best']['value']:.4f} <= {r['target']} at step {r['step_at_target']}, {r['time_to_target_s']:.1f} s"
+        b = r.get("best")
+        return f"target {r.get('target')} not reached" + (
+            f"; best {b['value']:.4f} at step {b['step']} ({b['t']:.0f} s)" if b else ""
+        )
+
+
+class JaxTargetRun(TargetRun, TrainerRun):
+    def __init__(self, step):
+        TargetRun.__init__(self, step, "jax")
+
+    def command(self, ctx):
+        self.experiment = "gpt_shakespeare_char_tiny" if ctx.dry_run else "gpt_shakespeare_char"
+        if ctx.dry_run:
+            self.target = DRY_TARGET_VAL_LOSS
+        self._metrics = self.run_dir(ctx) / "metrics.jsonl"
+        return TrainerRun.command(self, ctx)
+
+    def overrides(self, ctx):
+        out = [f"data.path={ctx.asset('data', 'shakespeare_char')}"]
+        if ctx.dry_run:
+            out += [f"trainer.eval_interval={DRY_EVAL_INTERVAL}", "trainer.eval_iters=5"]
+        return out
+
+    def watch(self, t, line):
+        m = _STEP_LINE.match(line)
+        if not m or "eval/val_loss" not in m.group(2):
+            return False
+        step = int(m.group(1))
+        # the exact value: metrics.jsonl gets the record before the console line is printed
+        row = next((r for r in reversed(_read_jsonl(self._metrics))
+                    if r.get("step") == step and "eval/val_loss" in r), None)  # fmt: skip
+        return row is not None and self.add_eval(t, step, float(row["eval/val_loss"]))
+
+    def result(self, ctx, rc, ended):
+        return {**TargetRun.result(self, ctx, rc, ended), **self.trainer_facts(ctx)}
+
+
+_NANOGPT_EVAL = re.compile(r"^step (\d+): train loss ([\d.]+), val loss ([\d.]+)")
+
+
+class NanoGPTTargetRun(TargetRun):
+    def __init__(self, step):
+        super().__init__(step, "upstream")
+
+    def src(self, ctx) -> Path:
+        return ctx.asset("upstream", "nanoGPT")
+
+    def missing(self, ctx):
+        if not (self.src(ctx) / "train.py").exists():
+            return f"{self.src(ctx)}/train.py (bash bench/gpu_prepare.sh --nanogpt SRC)"
+        return super().missing(ctx)
+
+    def command(self, ctx):
+        if ctx.dry_run:
+            self.target = DRY_TARGET_VAL_LOSS
+        out = ctx.work / "c-nanogpt"
+        shutil.rmtree(out, ignore_errors=True)
+        args = DRY_NANOGPT_ARGS if ctx.dry_run else ()  # on a GPU: the config file's own settings
+        return _py(ctx, "-m", "bench.upstream_runs", "nanogpt", "--src", self.src(ctx),
+                   "--data", ctx.asset("data", "shakespeare_char"), "--seed", 1337, "--out", out,
+                   "--", *args, f"--out_dir={out / 'out'}")  # fmt: skip
+
+    def watch(self, t, line):
+        m = _NANOGPT_EVAL.match(line)
+        return bool(m) and self.add_eval(t, int(m.group(1)), float(m.group(3)))
+
+
+class SudokuDataPart(Part):
+    def src(self, ctx) -> Path:
+        return ctx.asset("data", "sudoku-extreme-1k-train-only")
+
+    def missing(self, ctx):
+        if not (self.src(ctx) / "train" / "dataset.json").exists():
+            return f"{self.src(ctx)}/train/dataset.json (bash bench/gpu_prepare.sh --data DIR)"
+        return None
+
+    def command(self, ctx):
+        args = ["--src", self.src(ctx), "--num-aug", 2 if ctx.dry_run else 1000,
+                "--out", ctx.work / "sudoku-extreme-1k"]  # fmt: skip
+        csv = ctx.asset("data", "sudoku-hard-test-1k", "test.csv")
+        if csv.exists():
+            args += ["--test-csv", csv]
+        return _py(ctx, "-m", "bench", "gpu", "sudoku-data", *args)
+
+    def result(self, ctx, rc, ended):
+        for _, line in reversed(self.lines):
+            if line.startswith("SUDOKU {"):
+                return json.loads(line[7:])
+        return {}
+
+    def headline(self, r):
+        tr = r.get("train") or {}
+        return f"{tr.get('examples')} train examples in {r.get('seconds', 0):.1f} s"
+
+
+class Throughput:
+    """Steps/s from (seconds, step) pairs logged while a run goes on, past its first logged point
+    (which still carries the compile), and the paper run's projected wall time."""
+
+    def __init__(self):
+        self.points: list[tuple[float, int]] = []
+
+    def add(self, t: float, step: int) -> None:
+        if not self.points or step > self.points[-1][1]:
+            self.points.append((t, step))
+
+    def summary(self, startup_s: float | None) -> dict:
+        out = {"points": [[round(t, 2), s] for t, s in self.points]}
+        if len(self.points) >= 3:
+            (t0, s0), (t1, s1) = self.points[1], self.points[-1]
+            if t1 > t0:
+                sps = (s1 - s0) / (t1 - t0)
+                out["steps_per_s"] = sps
+                out["measured_steps"] = s1 - s0
+                out["measured_s"] = round(t1 - t0, 2)
+                start = startup_s if startup_s is not None else self.points[0][0]
+                out["paper_steps"] = PAPER_TRM_STEPS
+                out["projected_h"] = (PAPER_TRM_STEPS / sps + start) / 3600
+        return out
+
+
+def _throughput_headline(r: dict) -> str:
+    if "steps_per_s" not in r:
+        return f"too few logged steps ({len(r.get('points', []))} points)"
+    return (f"{r['steps_per_s']:.2f} steps/s over {r['measured_steps']} steps; "
+            f"{r['paper_steps']} steps ~ {r['projected_h']:.1f} h")  # fmt: skip
+
+
+class JaxThroughputPart(TrainerRun):
+    ok_at_box = True
+    needs = ("d.data",)
+
+    def __init__(self, step):
+        super().__init__(step, "jax")
+        self.tp = Throughput()
+
+    def command(self, ctx):
+        self.experiment = "trm_sudoku_tiny" if ctx.dry_run else "trm_sudoku"
+        return super().command(ctx)
+
+    def overrides(self, ctx):
+        return [f"data.path={ctx.work / 'sudoku-extreme-1k'}", "trainer.log_interval=10"]
+
+    def watch(self, t, line):
+        m = _STEP_LINE.match(line)
+        if m and "step_time_ms" in m.group(2):
+            self.tp.add(t, int(m.group(1)))
+        return False
+
+    def result(self, ctx, rc, ended):
+        facts = self.trainer_facts(ctx)
+        out = {**facts, **self.tp.summary(facts.get("first_step_s"))}
+        if facts.get("step_time_ms_median"):  # the trainer's own step time, host work excluded
+            out["projected_h_from_step_time"] = (
+                PAPER_TRM_STEPS * facts["step_time_ms_median"] / 1e3 + (facts["first_step_s"] or 0)
+            ) / 3600
+        return out
+
+    def headline(self, r):
+        return _throughput_headline(r)
+
+
+_UPSTREAM_STEP = re.compile(r"^train step (\d+)")
+
+
+class UpstreamThroughputPart(Part):
+    ok_at_box = True
+    needs = ("d.data",)
+
+    def __init__(self, step):
+        super().__init__(step, "upstream")
+        self.tp = Throughput()
+
+    def srcs(self, ctx) -> tuple[Path, Path]:
+        return ctx.asset("upstream", "TinyRecursiveModels"), ctx.asset("upstream", "adam-atan2")
+
+    def missing(self, ctx):
+        import importlib.util
+
+        from parity.goldens.trm_pretrain import GOLDENS_EXTRA
+
+        trm, adam = self.srcs(ctx)
+        for f in (trm / "pretrain.py", adam / "adam_atan2" / "adam_atan2.py"):
+            if not f.exists():
+                return f"{f} (bash bench/gpu_prepare.sh --trm SRC --adam-atan2 SRC)"
+        absent = [m for m in GOLDENS_EXTRA if importlib.util.find_spec(m) is None]
+        if absent:
+            return f"modules {', '.join(absent)} (what pretrain.py imports; .whl carries them)"
+        return None
+
+    def command(self, ctx):
+        trm, adam = self.srcs(ctx)
+        experiment = "trm_sudoku_tiny" if ctx.dry_run else "trm_sudoku"
+        out = ctx.work / "d-upstream"
+        shutil.rmtree(out, ignore_errors=True)
+        return _py(ctx, "-m", "bench.upstream_runs", "trm", "--src", trm, "--adam-atan2-src", adam,
+                   "--data", ctx.work / "sudoku-extreme-1k", "--seed", 0, "--out", out,
+                   "--device", "cpu" if ctx.dry_run else "cuda", "--log-every", 1, "--",
+                   *upstream_overrides(experiment))  # fmt: skip
+
+    def watch(self, t, line):
+        m = _UPSTREAM_STEP.match(line)
+        if m:
+            self.tp.add(t, int(m.group(1)))
+        return False
+
+    def result(self, ctx, rc, ended):
+        return {"settings": "pretrain.py eager (DISABLE_COMPILE), AdamATan2 through its "
+                "pure-PyTorch reference (parity/goldens/trm_pretrain.py)",
+                **self.tp.summary(None)}  # fmt: skip
+
+    def headline(self, r):
+        return _throughput_headline(r)
+
+
+def upstream_overrides(experiment: str) -> list[str]:
+    """Upstream pretrain.py's Hydra overrides for one of our TRM experiments (bench/curves.py)."""
+    from omegaconf import OmegaConf
+
+    from bench.curves import upstream_trm_overrides
+    from train.compose import load_config
+
+    cfg = OmegaConf.to_container(load_config([f"+experiment={experiment}"]), resolve=True)
+    return upstream_trm_overrides(cfg)
+
+
+def plan() -> list[Part]:
+    """Every part, in the order they run."""
+    return [
+        EnvPart("a", "env"),
+        PytestPart("a", "pytest"),
+        TinyTrainPart("a", "trm_sudoku_tiny"),
+        TinyTrainPart("a", "gpt_shakespeare_char_tiny"),
+        BenchPart("b", "trm_sudoku"),
+        BenchPart("b", "gpt2_124m"),
+        JaxTargetRun("c"),
+        NanoGPTTargetRun("c"),
+        SudokuDataPart("d", "data"),
+        JaxThroughputPart("d"),
+        UpstreamThroughputPart("d"),
+    ]
+
+
+# ----------------------------------------------------------------------------------------------
+# The driver
+
+
+def _utc() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+class Session:
+    """Runs parts one after another within their boxes, writing every record as it is made."""
+
+    def __init__(self, ctx: Ctx, *, budget_s: float, boxes: dict, caps: dict):
+        self.ctx, self.budget_s, self.boxes, self.caps = ctx, budget_s, boxes, caps
+        self.t0 = time.monotonic()
+        self.step_used: dict[str, float] = {}
+        self.records: list[dict] = []
+        ctx.out.mkdir(parents=True, exist_ok=True)
+        ctx.work.mkdir(parents=True, exist_ok=True)
+
+    def left(self) -> float:
+        return self.budget_s - (time.monotonic() - self.t0)
+
+    def box_for(self, part: Part, later_in_step: list[Part]) -> float:
+        left = self.left()
+        if part.key in self.boxes:
+            box = min(self.boxes[part.key], left)
+            cap = self.caps.get(part.step)
+            if cap is not None:
+                box = min(box, cap - self.step_used.get(part.step, 0.0))
+            return box
+        # d: what is left, shared with the next part that can run
+        if any(p.missing(self.ctx) is None for p in later_in_step):
+            return DJAX_SHARE * left
+        return left
+
+    def write(self, record: dict) -> None:
+        with open(self.ctx.out / RESULTS, "a") as f:
+            f.write(json.dumps(record, default=str) + "\n")
+
+    def skip_reason(self, part: Part) -> str | None:
+        why = part.missing(self.ctx)
+        if why:
+            return f"missing {why}"
+        for need in part.needs:
+            rec = self.ctx.records.get(need)
+            if rec is None or rec["status"] != "ok":
+                return f"needs {need}, which is {rec['status'] if rec else 'not run'}"
+        return None
+
+    def run_part(self, part: Part, later_in_step: list[Part]) -> dict:
+        rec = {"kind": "part", "step": part.step, "part": part.key, "started_utc": _utc()}
+        reason = self.skip_reason(part)
+        box = self.box_for(part, later_in_step)
+        if reason is None and box < min(MIN_BOX_S, self.boxes.get(part.key, MIN_BOX_S)):
+            reason = f"no time left ({max(box, 0):.0f} s of the step's cap or the budget)"
+        if reason is not None:
+            rec.update(status="skipped", reason=reason)
+            return self.finish(part, rec, {})
+        part.box = box
+        log_path = self.ctx.out / f"{part.step}.log"
+        with open(log_path, "a") as log:
+            log.write(f"\n===== {part.key} (box {box:.0f} s) {_utc()}\n")
+            try:
+                cmd = part.command(self.ctx)
+                rc, wall, ended = run_boxed(cmd, box_s=box, log=log, env=part.env(self.ctx),
+                                            on_line=part.on_line)  # fmt: skip
+            except Exception as e:  # noqa: BLE001 - a part that cannot start is recorded, not raised
+                log.write(f"could not run: {type(e).__name__}: {e}\n")
+                rec.update(status="failed", reason=f"{type(e).__name__}: {e}", box_s=round(box, 1))
+                return self.finish(part, rec, {})
+            log.write(f"===== {part.key}: exit {rc}, {wall:.1f} s, ended by {ended}\n")
+        self.step_used[part.step] = self.step_used.get(part.step, 0.0) + wall
+        if (
+            ended == "stopped"
+            or (ended == "exit" and rc == 0)
+            or (ended == "box" and part.ok_at_box)
+        ):
+            status = "ok"
+        else:
+            status = "timeout" if ended == "box" else "failed"
+        rec.update(status=status, returncode=rc, ended=ended, wall_s=round(wall, 2),
+                   box_s=round(box, 1), command=shlex.join(str(c) for c in cmd),
+                   log=log_path.name)  # fmt: skip
+        try:
+            result = part.result(self.ctx, rc, ended)
+        except Exception as e:  # noqa: BLE001 - what it measured could not be read: say so
+            result = {"error": f"reading the result: {type(e).__name__}: {e}"}
+        return self.finish(part, rec, result)
+
+    def finish(self, part: Part, rec: dict, result: dict) -> dict:
+        rec["result"] = result
+        try:
+            rec["headline"] = part.headline(result) if result else ""
+        except Exception:  # noqa: BLE001
+            rec["headline"] = ""
+        self.ctx.records[part.key] = rec
+        self.records.append(rec)
+        self.write(rec)
+        (self.ctx.out / SUMMARY).write_text(summary_markdown(self.header, self.records))
+        detail = rec.get("headline") or rec.get("reason") or ""
+        wall = f"{rec['wall_s']:.0f} s" if "wall_s" in rec else "-"
+        print(f"[gpu] {part.key}: {rec['status']} ({wall}) {detail}", flush=True)
+        return rec
+
+    def run(self, parts: list[Part], header: dict) -> list[dict]:
+        self.header = header
+        self.write(header)
+        for i, part in enumerate(parts):
+            later = [p for p in parts[i + 1 :] if p.step == part.step]
+            self.run_part(part, later)
+        end = {"kind": "end", "wall_s": round(time.monotonic() - self.t0, 1),
+               "status": {r["part"]: r["status"] for r in self.records}}  # fmt: skip
+        self.write(end)
+        return self.records
+
+
+def summary_markdown(header: dict, records: list[dict]) -> str:
+    env = next((r["result"] for r in records if r["part"] == "a.env" and r.get("result")), {})
+    lines = [
+        f"# {'Dry run (CPU)' if header.get('dry_run') else 'GPU session'}: `{header['command']}`",
+        "",
+        f"Started {header['started_utc']}, git {header.get('git_commit')}, budget "
+        f"{header['budget_s']} s. Environment: {env.get('line', 'not recorded')}",
+        f"Upstream commits: {header.get('upstream_commits') or 'none in ASSETS'}",
+        "",
+        "| part | status | seconds (box) | result |",
+        "|---|---|---|---|",
+    ]
+    for r in records:
+        secs = f"{r['wall_s']:.0f} ({r['box_s']:.0f})" if "wall_s" in r else "-"
+        detail = (r.get("headline") or r.get("reason") or "").replace("|", "/")
+        lines.append(f"| {r['part']} | {r['status']} | {secs} | {detail} |")
+    return "\n".join(lines) + "\n"
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                             capture_output=True, text=True, timeout=10)  # fmt: skip
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _parse_boxes(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep:
+            raise SystemExit(
+                f"bench gpu: expected NAME=SECONDS (--box c.jax=60, --cap c=200), got {item!r}"
+            )
+        out[k] = float(v)
+    return out
+
+
+def run_session(argv: list[str]) -> list[dict]:
+    p = argparse.ArgumentParser(prog="python -m bench gpu", description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=os.environ.get("OUT") or "bench_out/gpu",
+                   help="results.jsonl, summary.md, <step>.log (default: $OUT, else bench_out/gpu)")  # fmt: skip
+    p.add_argument("--work", default=None, help="scratch: runs, data, bench folders (default "
+                   "/tmp/bench-gpu-work, or OUT/../work in a dry run)")  # fmt: skip
+    p.add_argument("--assets", default=str(REPO / ".gpu"), help="prepared inputs (default .gpu)")
+    p.add_argument("--steps", default=",".join(STEPS), help="which of a,b,c,d (in plan order)")
+    p.add_argument("--budget-s", type=float, default=None, help="the whole plan's seconds")
+    p.add_argument("--box", action="append", default=[], metavar="PART=S", help="a part's box")
+    p.add_argument("--cap", action="append", default=[], metavar="STEP=S", help="a step's cap")
+    p.add_argument("--dry-run", action="store_true", help="the CPU run of the same parts")
+    a = p.parse_args(argv)
+    steps = [s for s in a.steps.split(",") if s]
+    for s in steps:
+        if s not in STEPS:
+            raise SystemExit(f"bench gpu: --steps: unknown step {s!r}; expected some of a,b,c,d")
+    out = Path(a.out).resolve()
+    default_work = out.parent / f"{out.name}-work" if a.dry_run else Path("/tmp/bench-gpu-work")
+    ctx = Ctx(out=out, work=Path(a.work or default_work).resolve(),
+              assets=Path(a.assets).resolve(), dry_run=a.dry_run)  # fmt: skip
+    boxes = {**(DRY_BOXES if a.dry_run else GPU_BOXES), **_parse_boxes(a.box)}
+    caps = {**(DRY_STEP_CAPS if a.dry_run else GPU_STEP_CAPS), **_parse_boxes(a.cap)}
+    budget = a.budget_s or (DRY_BUDGET_S if a.dry_run else GPU_BUDGET_S)
+    commits = ctx.asset("upstream", "COMMITS")
+    header = {"kind": "session", "started_utc": _utc(), "dry_run": a.dry_run,
+              "command": "python -m bench gpu " + shlex.join(argv), "git_commit": _git_commit(),
+              "budget_s": budget, "steps": steps, "boxes": boxes, "step_caps": caps,
+              "assets": str(ctx.assets), "work": str(ctx.work),
+              "upstream_commits": "; ".join(commits.read_text().split("\n")).strip("; ")
+              if commits.exists() else None}  # fmt: skip
+    parts = [part for part in plan() if part.step in steps]
+    # stopped from outside: end the part in flight (run_boxed's finally) and exit
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    session = Session(ctx, budget_s=budget, boxes=boxes, caps=caps)
+    records = session.run(parts, header)
+    print((ctx.out / SUMMARY).read_text(), flush=True)
+    print(f"[gpu] wrote {ctx.out / RESULTS}, {ctx.out / SUMMARY} and the step logs", flush=True)
+    return records
+
+
+# ----------------------------------------------------------------------------------------------
+# What parts run in their own process, and the preparation
+
+
+def env_info() -> dict:
+    """Device, driver and versions, each probe on its own (one that fails leaves the others)."""
+    import importlib.metadata
+    import platform
+
+    from bench.machine import cpu_count, cpu_model
+
+    info: dict = {"python": platform.python_version(), "cpu": cpu_model(), "cpu_cores": cpu_count()}
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        q = subprocess.run([smi, "--query-gpu=name,driver_version,memory.total",
+                            "--format=csv,noheader"], capture_output=True, text=True, timeout=30)  # fmt: skip
+        info["nvidia_smi"] = q.stdout.strip() or q.stderr.strip()
+    versions = {}
+    for pkg in ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax",
+                "orbax-checkpoint", "grain", "hydra-core", "omegaconf", "numpy", "torch", "triton"):  # fmt: skip
+        try:
+            versions[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    info["versions"] = versions
+    try:
+        import jax
+
+        from train.flops import peak_flops_for
+
+        d = jax.devices()[0]
+        info["jax"] = {"backend": jax.default_backend(), "devices": [str(x) for x in jax.devices()],
+                       "device_kind": d.device_kind, "peak_bf16_flops": peak_flops_for(d.device_kind)}  # fmt: skip
+    except Exception as e:  # noqa: BLE001
+        info["jax"] = {"error": f"{type(e).__name__}: {e}"}
+    try:
+        import torch
+
+        t = {"cuda": torch.cuda.is_available(), "cuda_version": torch.version.cuda}
+        if t["cuda"]:
+            t["device"] = torch.cuda.get_device_name(0)
+            t["cudnn"] = torch.backends.cudnn.version()
+        info["torch"] = t
+    except Exception as e:  # noqa: BLE001
+        info["torch"] = {"error": f"{type(e).__name__}: {e}"}
+    j, t = info.get("jax", {}), info.get("torch", {})
+    info["line"] = (
+        f"{info.get('nvidia_smi') or 'no nvidia-smi'}; jax {versions.get('jax')} "
+        f"({j.get('backend')}: {j.get('device_kind')}, peak {j.get('peak_bf16_flops')}); "
+        f"torch {versions.get('torch')} (CUDA {t.get('cuda_version')}, cuDNN {t.get('cudnn')}); "
+        f"Python {info['python']}; {info['cpu_cores']} x {info['cpu']}"
+    )
+    return info
+
+
+def sudoku_data(argv: list[str]) -> dict:
+    """Sudoku-Extreme 1k (upstream layout, train split) x N augmentations, with a test split from
+    a Sudoku-Extreme-format CSV when given: the data set of trm_sudoku, built where it is used
+    (163 MB at N = 1000: too big to carry)."""
+    p = argparse.ArgumentParser(prog="python -m bench gpu sudoku-data")
+    p.add_argument("--src", required=True)
+    p.add_argument("--test-csv")
+    p.add_argument("--num-aug", type=int, default=1000)
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    from data.sudoku import build_sudoku
+    from data.sudoku_sources import read_sudoku_csv, read_upstream_sudoku
+
+    train = read_upstream_sudoku(a.src, "train")
+    test = read_sudoku_csv(a.test_csv) if a.test_csv else None
+    return build_sudoku(a.out, train, test, num_aug=a.num_aug, overwrite=True)
+
+
+def prepare(argv: list[str]) -> None:
+    """The data sets under ASSETS/data: our builders' outputs for the tiny and shakespeare runs,
+    and the raw Sudoku-Extreme 1k and hard test set that `sudoku-data` augments on the device."""
+    p = argparse.ArgumentParser(prog="python -m bench gpu prepare")
+    p.add_argument(
+        "--data", required=True, help="the offline data folder (tinyshakespeare/, sudoku/)"
+    )
+    p.add_argument("--assets", default=str(REPO / ".gpu"))
+    a = p.parse_args(argv)
+    src, dst = Path(a.data), Path(a.assets) / "data"
+    dst.mkdir(parents=True, exist_ok=True)
+    text = src / "tinyshakespeare" / "input.txt"
+    if not text.exists():
+        raise SystemExit(f"bench gpu prepare: {text} not found (tiny-shakespeare's input.txt)")
+    from data.shakespeare_char import build
+
+    build(dst / "shakespeare_char", input_path=text)
+    for name in ("sudoku-extreme-1k-train-only", "sudoku-hard-test-1k"):
+        s = src / "sudoku" / name
+        if not s.is_dir():
+            raise SystemExit(f"bench gpu prepare: {s} not found")
+        shutil.rmtree(dst / name, ignore_errors=True)
+        shutil.copytree(s, dst / name)
+    tiny = dst / "sudoku-tiny-30u"
+    if not (tiny / "train" / "dataset.json").exists():
+        from bench import configs as bench_configs
+        from bench.ttq import prepare_data
+
+        prepare_data(bench_configs.resolve(bench_configs.get("trm_sudoku_tiny")), str(tiny), None)
+    print(f"bench gpu prepare: wrote {dst}")
+
+
+def main(argv: list[str] | None = None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "env":
+        print("ENV " + json.dumps(env_info(), default=str), flush=True)
+    elif argv and argv[0] == "sudoku-data":
+        print("SUDOKU " + json.dumps(sudoku_data(argv[1:]), default=str), flush=True)
+    elif argv and argv[0] == "prepare":
+        prepare(argv[1:])
+    else:
+        return run_session(argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""`python -m bench gpu` (bench/gpu.py): one GPU session's plan as one time-boxed command.
+
+- the mechanism, with real processes: a part that fails and a part that runs past its box are
+  recorded as such (the latter killed at its box, its own child processes too), the next part
+  still runs, a part whose input is missing or whose needed part failed is skipped with the reason,
+  and every record reaches results.jsonl as it is made;
+- the dry run, as a user types it: every part of the plan on the CPU with the tiny configs, inputs
+  made here (a synthetic text, a few Sudokus in the upstream layout and a Sudoku-Extreme-format
+  CSV): one record per part in plan order with its fields, every box and the budget respected, no
+  part failed, what a part that ended ok measured, the upstream parts skipped naming what is
+  missing, and OUT within what a GPU loan brings back (at most 8 files, plain names). Within its
+  budget on a busy machine parts may be cut at their boxes (the default tier); given the time,
+  every part ends ok (the slow tier, with upstream's checkouts when the environment names them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import gpu
+from tests.helpers import build_tiny_text
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class Command(gpu.Part):
+    """A part that runs a Python snippet."""
+
+    def __init__(self, name, code, needs=()):
+        super().__init__("a", name)
+        self.code, self.needs = code, needs
+
+    def command(self, ctx):
+        return [sys.executable, "-c", self.code]
+
+    def result(self, ctx, rc, ended):
+        return {"lines": len(self.lines)}
+
+
+def _records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / gpu.RESULTS).read_text().splitlines()]
+
+
+def test_failed_and_boxed_parts_are_recorded_and_the_next_runs(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    sleeper = (
+        "import subprocess, sys, time; "
+        f"c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pid_file)!r}, 'w').write(str(c.pid)); print('started', flush=True); "
+        "time.sleep(60)"
+    )
+    parts = [
+        Command("fails", "import sys; print('about to fail'); sys.exit(3)"),
+        Command("boxed", sleeper),
+        Command("after_failure", "print('still runs')", needs=("a.fails",)),
+        Command("runs", "print('one'); print('two')"),
+    ]
+    ctx = gpu.Ctx(out=tmp_path / "out", work=tmp_path / "work", assets=tmp_path, dry_run=True)
+    session = gpu.Session(ctx, budget_s=60, boxes={"a.boxed": 2.0}, caps={})
+    t0 = time.monotonic()
+    session.run(parts, {"kind": "session", "command": "test", "started_utc": "", "budget_s": 60})
+    assert time.monotonic() - t0 < 20  # the 60 s sleeper was cut at its 2 s box
+
+    recs = _records(ctx.out)
+    assert [r["kind"] for r in recs] == ["session", "part", "part", "part", "part", "end"]
+    by = {r["part"]: r for r in recs if r["kind"] == "part"}
+    assert by["a.fails"]["status"] == "failed" and by["a.fails"]["returncode"] == 3
+    boxed = by["a.boxed"]
+    assert boxed["status"] == "timeout" and boxed["ended"] == "box"
+    assert 2.0 <= boxed["wall_s"] < 2.0 + 5 and boxed["box_s"] == 2.0
+    child = int(pid_file.read_text())
+    time.sleep(0.2)
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text()
+    assert by["a.after_failure"]["status"] == "skipped"
+    assert by["a.after_failure"]["reason"] == "needs a.fails, which is failed"
+    assert by["a.runs"]["status"] == "ok" and by["a.runs"]["result"] == {"lines": 2}
+    log = (ctx.out / "a.log").read_text()
+    assert "about to fail" in log and "started" in log and "two" in log
+    summary = (ctx.out / gpu.SUMMARY).read_text()
+    assert "| a.boxed | timeout | 2 (2) |" in summary
+
+
+def _sudoku_inputs(assets: Path) -> None:
+    """A few Sudokus in the upstream layout (train) and as a Sudoku-Extreme CSV (test), made from
+    one valid grid by the builder's own augmentation."""
+    from data.sudoku import augment_sudoku, build_sudoku
+    from data.sudoku_sources import SudokuRecords
+
+    r, c = np.divmod(np.arange(81), 9)
+    grid = ((r * 3 + r // 3 + c) % 9 + 1).astype(np.uint8)
+    rng = np.random.default_rng(0)
+    _, answers = augment_sudoku(grid.copy(), grid, 29, rng)
+    questions = answers.copy()
+    for q in questions:
+        q[rng.choice(81, 30, replace=False)] = 0
+    train = SudokuRecords(questions[:20], answers[:20], np.zeros(20), "test grids")
+    build_sudoku(str(assets / "data" / "sudoku-extreme-1k-train-only"), train, None)
+    csv = assets / "data" / "sudoku-hard-test-1k" / "test.csv"
+    csv.parent.mkdir(parents=True)
+    rows = ["source,question,answer,rating"]
+    for q, a in zip(questions[20:], answers[20:]):
+        cell = "".join("." if v == 0 else str(v) for v in q)
+        rows.append(f"test,{cell},{''.join(map(str, a))},1")
+    csv.write_text("\n".join(rows) + "\n")
+
+
+def _dry_run(tmp_path, *args, upstream: dict | None = None) -> tuple[Path, list[dict], float]:
+    """`python -m bench gpu --dry-run` as a user types it, on inputs made here; -> (assets, part
+    records, seconds). `upstream`: {"nanoGPT" | "TinyRecursiveModels" | "adam-atan2": checkout}."""
+    assets, out = tmp_path / "assets", tmp_path / "out"
+    build_tiny_text(str(assets / "data" / "shakespeare_char"))
+    _sudoku_inputs(assets)
+    for name, src in (upstream or {}).items():
+        (assets / "upstream").mkdir(exist_ok=True)
+        (assets / "upstream" / name).symlink_to(src)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env.pop("OUT", None)
+    cmd = [sys.executable, "-m", "bench", "gpu", "--dry-run", "--out", str(out), "--assets",
+           str(assets), *args]  # fmt: skip
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
+    wall = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    recs = _records(out)
+    assert recs[0]["kind"] == "session" and recs[0]["dry_run"] is True
+    assert recs[-1]["kind"] == "end"
+    parts = [r for r in recs if r["kind"] == "part"]
+    assert [r["part"] for r in parts] == [p.key for p in gpu.plan()]
+    for r in parts:
+        # On a busy machine a part may run out of its box or of the budget (recorded as such);
+        # a part that fails is a bug.
+        assert r["status"] in ("ok", "timeout", "skipped"), r
+        if r["status"] == "skipped":
+            assert r["reason"].startswith(("missing ", "no time left")), r
+            continue
+        assert {"returncode", "wall_s", "box_s", "command", "log", "result"} <= set(r), r
+        assert r["wall_s"] <= r["box_s"] + 5, r  # killed at its box, at the latest
+    # what comes back from a GPU loan: at most 8 files, plain names, nothing deeper
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= 8 and all(re.fullmatch(r"[A-Za-z0-9._-]+", f) for f in files), files
+    assert all(p.is_file() for p in out.iterdir())
+    summary = (out / gpu.SUMMARY).read_text()
+    assert all(f"| {p.key} |" in summary for p in gpu.plan())
+    return assets, parts, wall
+
+
+def _check_measured(by: dict) -> None:
+    """What each part that ended ok measured."""
+    env_rec = by["a.env"]
+    if env_rec["status"] == "ok":
+        assert env_rec["result"]["versions"]["jax"] and env_rec["result"]["jax"]["backend"] == "cpu"
+    if by["a.pytest"]["status"] == "ok":
+        assert by["a.pytest"]["result"]["counts"]["skipped"] >= 2  # the gpu tests, on a CPU
+        assert "tests/test_gpt_attention_impl.py" in by["a.pytest"]["result"]["files"]
+    for key in ("a.trm_sudoku_tiny", "a.gpt_shakespeare_char_tiny"):
+        if by[key]["status"] == "ok":
+            res = by[key]["result"]
+            assert res["steps"] == gpu.DRY_TINY_STEPS and res["first_step_s"] > 0, res
+            assert res["step_time_ms_median"] > 0 and "last_eval" in res
+    for key in ("b.trm_sudoku", "b.gpt2_124m"):
+        if by[key]["status"] == "ok":
+            impls = {row["impl"] for row in by[key]["result"]["table"] if "impl" in row}
+            assert impls == {"jax", "torch_eager"}
+            assert by[key]["result"]["bench"]["results"][0]["config"] == gpu.DRY_BENCH[key]
+    for key in ("c.jax", "c.upstream"):
+        if by[key]["status"] == "ok":  # stopped at its first evaluation under the target
+            res = by[key]["result"]
+            assert by[key]["ended"] == "stopped" and res["reached"]
+            values = [e["value"] for e in res["evals"]]
+            assert values[-1] <= gpu.DRY_TARGET_VAL_LOSS < min(values[:-1], default=99.0)
+    if by["d.data"]["status"] == "ok":
+        assert by["d.data"]["result"]["train"]["examples"] == 20 * 3  # 2 augmentations each
+        assert by["d.data"]["result"]["test"]["examples"] == 10
+    for key in ("d.jax", "d.upstream"):
+        if "steps_per_s" in by[key]["result"]:
+            assert by[key]["result"]["steps_per_s"] > 0 and by[key]["result"]["projected_h"] > 0
+
+
+def test_dry_run_runs_every_part_within_the_budget(tmp_path):
+    """The dry run as it is, within its budget: what does not fit is recorded, never lost."""
+    assets, parts, wall = _dry_run(tmp_path)
+    assert wall < gpu.DRY_BUDGET_S + 30
+    by = {r["part"]: r for r in parts}
+    for key in ("c.upstream", "d.upstream"):  # no checkouts here: skipped, naming the file
+        assert by[key]["status"] == "skipped"
+        assert by[key]["reason"].startswith(f"missing {assets / 'upstream'}"), by[key]
+    assert by["a.env"]["status"] == "ok" and by["d.data"]["status"] == "ok"
+    _check_measured(by)
+
+
+@pytest.mark.slow
+def test_dry_run_every_part_ends_ok_given_the_time(tmp_path):
+    """Boxes large enough for a busy 2-core machine: every part ends ok with what it measured.
+    The upstream parts run when TRM_GOLDENS_NANOGPT_SRC, TRM_GOLDENS_TRM_SRC and
+    TRM_GOLDENS_ADAM_ATAN2_SRC name checkouts (and pretrain.py's imports are installed: the
+    goldens extra), else they are skipped, naming what is missing."""
+    names = {"nanoGPT": "NANOGPT", "TinyRecursiveModels": "TRM", "adam-atan2": "ADAM_ATAN2"}
+    upstream = {
+        n: os.environ[f"TRM_GOLDENS_{v}_SRC"]
+        for n, v in names.items()
+        if os.environ.get(f"TRM_GOLDENS_{v}_SRC")
+    }
+    boxes = {"a.env": 60, "a.pytest": 120, "a.trm_sudoku_tiny": 240, "b.trm_sudoku": 300,
+             "a.gpt_shakespeare_char_tiny": 240, "b.gpt2_124m": 300, "c.jax": 240,
+             "c.upstream": 240, "d.data": 60, "d.jax": 120, "d.upstream": 120}  # fmt: skip
+    args = ["--budget-s", "2400", "--cap", "a=700", "--cap", "b=700", "--cap", "c=500"]
+    args += [f"--box={k}={v}" for k, v in boxes.items()]
+    _, parts, _ = _dry_run(tmp_path, *args, upstream=upstream)
+    by = {r["part"]: r for r in parts}
+    for r in parts:
+        if r["part"] in ("c.upstream", "d.upstream") and r["status"] == "skipped":
+            assert r["reason"].startswith("missing "), r
+        else:
+            assert r["status"] == "ok", r
+    assert by["c.jax"]["ended"] == "stopped"
+    assert "steps_per_s" in by["d.jax"]["result"]
+    _check_measured(by)
