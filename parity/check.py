@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from parity.capture import Call, Capture
-from parity.compare import EXACT, FLOAT64, Comparison, Tolerance, compare
+from parity.compare import EXACT, Comparison, Tolerance, compare
 
 ROOT = "(root)"  # how the model itself ("" in torch's named_modules) is printed
 SECTIONS = ("weights", "outputs", "state", "grads", "steps")
@@ -216,46 +216,20 @@ def compare_named(
 # ---------------------------------------------------------------------------------- envelope
 
 
-def _scale_rel(a, e) -> float:
-    a = np.asarray(np.asarray(a, np.float64))
-    e = np.asarray(np.asarray(e, np.float64))
-    if not (np.isfinite(a).all() and np.isfinite(e).all()):
-        return float("inf")
-    if e.size == 0:
-        return 0.0
-    scale = float(np.max(np.abs(e)))
-    diff = float(np.max(np.abs(a - e)))
-    return diff / scale if scale > 0 else diff
-
-
 def envelope(reference: Capture, perturbed: Sequence[Capture]) -> dict[tuple, float]:
     """Per call key and per gradient key: the largest scale-relative move of its tensors over
     the reference runs whose weights moved by one ulp (parity.envelope.perturbed_copies)."""
-    from models.state_dict import to_numpy
+    from parity.envelope import largest_moves
 
-    env: dict = {}
-    for run in perturbed:
-        calls = {c.key: c for c in run.calls}
-        for c in reference.calls:
-            other = calls.get(c.key)
-            moves = [
-                _scale_rel(to_numpy(a), to_numpy(e))
-                for a, e in zip(other.outputs if other else [], c.outputs)
-            ]
-            env[c.key] = max([env.get(c.key, 0.0), *moves])
-        for key, g in (reference.grads or {}).items():
-            move = _scale_rel(to_numpy((run.grads or {})[key]), to_numpy(g))
-            env[key] = max(env.get(key, 0.0), move)
-    return env
+    return largest_moves(_moved_tensors(reference), [_moved_tensors(run) for run in perturbed])
 
 
-def envelope_tolerance(env: float, factor: float, floor: float = FLOAT64.rtol) -> Tolerance:
-    return Tolerance(
-        f"envelope x{factor:g}",
-        max(floor, factor * env),
-        why=f"one ulp of every reference weight moves this tensor by {env:.1e} of its scale;"
-        f" the port may differ by {factor:g}x that",
-    )
+def _moved_tensors(run: Capture) -> dict:
+    from parity.state_dict import to_numpy
+
+    out: dict = {c.key: [to_numpy(x) for x in c.outputs] for c in run.calls}
+    out.update({k: to_numpy(g) for k, g in (run.grads or {}).items()})
+    return out
 
 
 # ----------------------------------------------------------------------------------- printing

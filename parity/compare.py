@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from models.state_dict import to_numpy
+from parity.state_dict import to_numpy
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,20 +31,19 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from models.state_dict import StateDictError
 from parity.capture import Capture, capture_nnx, capture_torch, nnx_state, prefix_rename
 from parity.check import (
     Report,
     compare_calls,
     compare_named,
     envelope,
-    envelope_tolerance,
     exact,
     format_report,
 )
 from parity.compare import FLOAT32, FLOAT64
-from parity.envelope import perturbed_copies
+from parity.envelope import ENVELOPE_FACTOR, perturbed_copies, tolerance
 from parity.keymap import KeyMap, build_keymap, describe_torch
+from parity.state_dict import StateDictError
 
 TOLERANCES = {"float32": FLOAT32, "float64": FLOAT64}
 ENVELOPE_SEEDS = (1, 2)
@@ -197,7 +196,7 @@ def _report(
     km: KeyMap, weights, loaded, described, ref: Capture, mine: Capture, tol, env, notes
 ) -> Report:
     def tolerance_for(key):
-        return envelope_tolerance(env[key], 16.0) if key in env else tol
+        return tolerance(env[key], ENVELOPE_FACTOR) if key in env else tol
 
     rows = compare_named("weights", loaded, weights, exact, dtypes=True)
     out_rows, call_notes = compare_calls(mine.calls, ref.calls, tolerance_for, dtypes=True)

@@ -35,8 +35,8 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from models.state_dict import StateDictError, to_numpy
 from parity.capture import Rename, dotted
+from parity.state_dict import StateDictError, to_numpy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,7 +189,7 @@ class KeyMap:
         return "\n".join(lines)
 
     def check(self, source: str = "state_dict") -> KeyMap:
-        """Raise models.state_dict.StateDictError listing every key that does not map."""
+        """Raise parity.state_dict.StateDictError listing every key that does not map."""
         if not self.complete:
             raise StateDictError(f"{source} does not match the model: " + self.report())
         return self
