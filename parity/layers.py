@@ -96,11 +96,21 @@ def _linears(cell: nnx.Module, names: Sequence[str]) -> list[nnx.Linear]:
     return [getattr(cell, n) for n in names]
 
 
-def _set_bias(linear: nnx.Linear, on: bool, dtype) -> None:
+def _torch_uniform(bound: float):
+    """torch's init of every recurrent weight and bias: U(-1/sqrt(hidden), 1/sqrt(hidden)) (also
+    free of flax's orthogonal init, which has no bfloat16 kernel)."""
+
+    def init(key, shape, dtype=jnp.float32):
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+    return init
+
+
+def _set_bias(linear: nnx.Linear, on: bool, init, rngs: nnx.Rngs, dtype) -> None:
     """torch's recurrent cells have a bias on both sides (b_ih and b_hh); flax's cells have one
-    side's only. Give the other side one (zeros until loaded), or take both away (bias=False)."""
+    side's only. Give the other side one, or take both away (bias=False)."""
     if on and linear.bias is None:
-        linear.bias = nnx.Param(jnp.zeros((linear.out_features,), dtype))
+        linear.bias = nnx.Param(init(rngs.params(), (linear.out_features,), dtype))
         linear.use_bias = True
     elif not on:
         linear.bias = nnx.data(None)
@@ -143,13 +153,14 @@ class _Recurrent(nnx.Module):
         self.batch_first, self.bidirectional = batch_first, bidirectional
         self.directions = 2 if bidirectional else 1
         cls, inputs, hidden = _CELLS[cell_kind or self.kind]
+        init, extra = _torch_uniform(hidden_size**-0.5), cell_kwargs or {}
 
         def cell(n_in):
             # dtype=None: compute in the inputs' and weights' dtype (SimpleCell defaults to float32)
-            kw = {"dtype": None, **(cell_kwargs or {})}
-            c = cls(n_in, hidden_size, param_dtype=param_dtype, rngs=rngs, **kw)
+            kw = dict(dtype=None, kernel_init=init, recurrent_kernel_init=init, bias_init=init)
+            c = cls(n_in, hidden_size, param_dtype=param_dtype, rngs=rngs, **kw, **extra)
             for lin in _linears(c, (*inputs, *hidden)):
-                _set_bias(lin, bias, param_dtype)
+                _set_bias(lin, bias, init, rngs, param_dtype)
             return c
 
         layers = []
