@@ -189,9 +189,11 @@ def _diff(torch_factory, nnx_factory, dtype, grads, train, use_envelope, rename,
     tol = TOLERANCES[dtype]
     if exact is not None:  # how far torch's own bf16 run is from its float64 run, per tensor
         bounds = _as_torch(envelope(capture_torch(*exact, grads=grads), [ref]))
-    else:
+    elif copies:
         env = envelope(ref, [capture_torch(m, inputs, grads=grads) for m in copies])
         bounds = {k: tolerance(v, ENVELOPE_FACTOR) for k, v in env.items()}
+    else:
+        bounds = {}
     return _report(
         km, weights, loaded, described, ref, mine, tol, bounds, _dropout_note(module, train)
     )

@@ -55,14 +55,15 @@ def conv_transpose(
     padding_mode: str = "zeros",
     *,
     n: int = 2,
+    channels_first: bool = False,
     param_dtype="float32",
     rngs: nnx.Rngs,
-) -> nnx.ConvTranspose:
+) -> ConvTranspose:
     """`torch.nn.ConvTranspose{n}d(...)` with the same arguments, as an `nnx.ConvTranspose` with
     `transpose_kernel=True` (torch's gradient-of-convolution semantics; its kernel is torch's
     (in, out, *k) weight as (*k, out, in), the key map's `conv` layout). It takes channels-last
-    inputs, as every flax convolution does. flax has no grouped transposed convolution and no
-    padding other than zeros: those are refused in one line."""
+    inputs, as every flax convolution does, or with `channels_first` torch's (N, C, *spatial).
+    flax has no grouped transposed convolution: groups > 1 is refused in one line."""
     if groups != 1:
         raise ValueError(
             f"ConvTranspose{n}d(groups={groups}): flax's nnx.ConvTranspose has no feature groups;"
@@ -75,7 +76,7 @@ def conv_transpose(
     for name, value in (("padding", padding), ("output_padding", output_padding)):
         if isinstance(value, str):
             raise ValueError(f"ConvTranspose{n}d({name}={value!r}): expected an int or a tuple")
-    return nnx.ConvTranspose(
+    return ConvTranspose(
         in_channels,
         out_channels,
         _tuple(kernel_size, n),
@@ -84,9 +85,24 @@ def conv_transpose(
         kernel_dilation=_tuple(dilation, n),
         use_bias=bias,
         transpose_kernel=True,
+        channels_first=channels_first,
         param_dtype=param_dtype,
         rngs=rngs,
     )
+
+
+class ConvTranspose(nnx.ConvTranspose):
+    """nnx.ConvTranspose that, with `channels_first`, takes and returns torch's (N, C, *spatial)
+    layout (the same variables: `kernel`, `bias`)."""
+
+    def __init__(self, *args, channels_first: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.channels_first = channels_first
+
+    def __call__(self, x):
+        if not self.channels_first:
+            return super().__call__(x)
+        return jnp.moveaxis(super().__call__(jnp.moveaxis(x, 1, -1)), -1, 1)
 
 
 # ------------------------------------------------------------------------------------ recurrent
