@@ -230,11 +230,13 @@ def test_t5_block_agrees_in_float32():
 
 
 @pytest.mark.parametrize("name", sorted(PORTS))
-def test_three_adamw_steps_match_torch_float64(name, x64):
+def test_three_adamw_steps_match_torch(name, x64):
+    """float64 (FLOAT64); T5's block in float32 (FLOAT32): its norm is float32 in either run."""
     torch_factory, nnx_factory = PORTS[name]
     module, args = torch_factory()
-    module = module.double()
-    args = tuple(a.double() if a.is_floating_point() else a for a in args)
+    if name != "t5_block":
+        module = module.double()
+        args = tuple(a.double() if a.is_floating_point() else a for a in args)
     report = compare_steps(module, nnx_factory(module), args, AdamW(lr=1e-2), steps=3)
     assert report.passed, format_report(report)
 
