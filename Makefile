@@ -1,6 +1,6 @@
 # Two commands do all the setup on a fresh Linux box with Python >= 3.11 and the package registries:
 #   make demo   -- creates .venv if missing, builds a small dataset offline, trains on the laptop CPU
-#   make test   -- creates .venv if missing, installs the dev + parity extras, runs the default test tier
+#   make test   -- creates .venv if missing, installs the dev + parity + zoo extras, runs the default test tier
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -22,7 +22,7 @@ $(BIN)/.installed-base: pyproject.toml
 
 $(BIN)/.installed-dev: pyproject.toml $(BIN)/.installed-base
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
-	$(BIN)/python -m pip install -q -e ".[dev,parity,tpu]"
+	$(BIN)/python -m pip install -q -e ".[dev,parity,tpu,zoo]"
 	touch $@
 
 DEMO_RUN ?= runs/trm_sudoku_tiny
