@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 
 from tests.helpers import REPO  # noqa: E402
 
-UPBLOCK = '''
+UPBLOCK = """
 import jax
 import jax.numpy as jnp
 import torch
@@ -62,7 +62,7 @@ class Up(nnx.Module):
 
 def nnx_up(torch_module):
     return load_torch(Up(param_dtype(torch_module), nnx.Rngs(0)), torch_module)
-'''
+"""
 
 
 def test_diff_runs_where_the_users_packages_shadow_the_projects(tmp_path):
@@ -71,7 +71,7 @@ def test_diff_runs_where_the_users_packages_shadow_the_projects(tmp_path):
     user = tmp_path / "project"
     for pkg in ("models", "train", "data"):
         (user / pkg).mkdir(parents=True)
-        (user / pkg / "__init__.py").write_text('"""the user\\'s own package"""\\n')
+        (user / pkg / "__init__.py").write_text('"""the user package"""\n')
     (user / "models" / "upblock.py").write_text(textwrap.dedent(UPBLOCK))
     env = {**os.environ, "PYTHONPATH": str(site), "JAX_PLATFORMS": "cpu"}
     out = subprocess.run(
