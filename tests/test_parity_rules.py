@@ -8,6 +8,7 @@ the toolkit (it imports nothing from the project's models/, train/, data/), and
 from __future__ import annotations
 
 import ast
+import pathlib
 
 import jax.numpy as jnp
 import numpy as np
@@ -22,7 +23,9 @@ from parity.check import format_report  # noqa: E402
 from parity.compare import EXACT, FLOAT64, assert_close  # noqa: E402
 from parity.diff import diff  # noqa: E402
 from parity.keymap import LINEAR, RULES, To, build_keymap, describe_torch, load_torch, register_rule  # noqa: E402
-from tests.helpers import REPO  # noqa: E402
+from tests.helpers import REPO as _REPO  # noqa: E402
+
+REPO = pathlib.Path(_REPO)
 
 
 class _Holder(torch.nn.Module):

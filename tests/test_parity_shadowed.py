@@ -6,6 +6,7 @@ skip) by rule."""
 from __future__ import annotations
 
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -15,7 +16,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.helpers import REPO  # noqa: E402
+from tests.helpers import REPO as _REPO  # noqa: E402
+
+REPO = pathlib.Path(_REPO)
 
 UPBLOCK = """
 import jax
