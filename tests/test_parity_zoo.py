@@ -246,4 +246,4 @@ def test_a_wrong_port_is_named(name):
     wrong, dtype, where = WRONG[name]
     report = diff(PORTS[name][0], wrong, dtype=dtype)
     module, row = report.first_divergent()
-    assert module == where and row.inputs_agree is not False, format_report(report)
+    assert module == where, format_report(report)
