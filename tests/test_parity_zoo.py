@@ -237,7 +237,13 @@ def test_three_adamw_steps_match_torch(name, x64):
     if name != "t5_block":
         module = module.double()
         args = tuple(a.double() if a.is_floating_point() else a for a in args)
-    report = compare_steps(module, nnx_factory(module), args, AdamW(lr=1e-2), steps=3)
+    # SAM's key bias has an exactly-zero gradient that Adam turns into round-off steps: judged by
+    # torch's own one-ulp envelope (docs/porting_your_model.md, "Adam turns a zero gradient's
+    # round-off into a step")
+    seeds = (1, 2) if name == "sam_block" else ()
+    report = compare_steps(
+        module, nnx_factory(module), args, AdamW(lr=1e-2), steps=3, envelope_seeds=seeds
+    )
     assert report.passed, format_report(report)
 
 
