@@ -5,7 +5,7 @@ gated-GELU feed-forward), segment-anything's image-encoder block (windowed atten
 relative positions) and its mask decoder's upscaling path (ConvTranspose2d + LayerNorm2d), and
 transformers' EnCodec LSTM (two layers). Each port (tests/zoo_ports.py): weights EXACT, every
 module's output and every gradient within FLOAT64 and FLOAT32, three AdamW steps within FLOAT64,
-and one wrong port that the diff names:
+and one wrong port that the diff names. Slow tier (`make test-slow` installs the extra); by hand:
 
     python -m parity diff tests.test_parity_zoo:torch_t5_block tests.test_parity_zoo:nnx_t5_block
 """
@@ -20,9 +20,12 @@ import pytest
 from flax import nnx
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("transformers", reason="the zoo extra: pip install -e '.[zoo]'")
+ZOO = "needs the zoo extra (make test-slow installs it; or pip install -e '.[zoo]')"
+pytest.importorskip("transformers", reason=f"transformers {ZOO}")
 if importlib.util.find_spec("segment_anything") is None:
-    pytest.skip("the zoo extra: pip install -e '.[zoo]'", allow_module_level=True)
+    pytest.skip(f"segment-anything {ZOO}", allow_module_level=True)
+
+pytestmark = pytest.mark.slow  # ~20 diffs and step runs of four real models' modules
 
 from parity.check import format_report  # noqa: E402
 from parity.diff import diff  # noqa: E402
@@ -238,8 +241,8 @@ def test_three_adamw_steps_match_torch(name, x64):
         module = module.double()
         args = tuple(a.double() if a.is_floating_point() else a for a in args)
     # SAM's key bias has an exactly-zero gradient that Adam turns into round-off steps: judged by
-    # torch's own one-ulp envelope (docs/porting_your_model.md, "Adam turns a zero gradient's
-    # round-off into a step")
+    # torch's own one-ulp envelope
+    # (docs/porting_your_model.md, "Adam turns a zero gradient's round-off into a step")
     seeds = (1, 2) if name == "sam_block" else ()
     report = compare_steps(
         module, nnx_factory(module), args, AdamW(lr=1e-2), steps=3, envelope_seeds=seeds
