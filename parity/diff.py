@@ -15,7 +15,9 @@ module and the floating inputs to float64 before the port is built, with JAX's x
 is FLOAT64 (float32: FLOAT32), or with `--envelope` 16 times the one-ulp envelope of torch's own
 run (parity/envelope.py). Module paths are torch's (`blocks.1.norm`); `--rename NNX=TORCH`
 rewrites a port path prefix that differs (`--rename =transformer`: every port path gains the
-prefix `transformer.`, as nanoGPT's flattened ModuleDict needs).
+prefix `transformer.`, as nanoGPT's flattened ModuleDict needs). A port may keep flax's
+channels-last layout inside (nnx.Conv, nnx.GroupNorm on NHWC): those outputs are compared in
+torch's layout, and a note lists them (parity/check.py).
 
 Exit status: 0 when every compared tensor agrees, 1 when one differs (the last line is then
 `first divergent module: <path>`), 2 for bad arguments (one line saying what was expected) or

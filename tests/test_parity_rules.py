@@ -191,6 +191,15 @@ def test_bfloat16_diff_passes_a_right_port_with_gradients():
     }
 
 
+def test_bfloat16_diff_names_a_wrong_port():
+    """The bf16 bound still fails the GRU of the other kind (reset gate before the matmul)."""
+    from tests import test_parity_gru as gru
+
+    report = diff(gru.torch_tagger, gru.nnx_tagger_reset_before, dtype="bfloat16", grads=True)
+    module, row = report.first_divergent()
+    assert module == "gru" and row.inputs_agree is True, format_report(report)
+
+
 # ------------------------------------------------------------------------------ self-contained
 
 TOOLKIT = (
