@@ -1,6 +1,7 @@
 # Two commands do all the setup on a fresh Linux box with Python >= 3.11 and the package registries:
 #   make demo   -- creates .venv if missing, builds a small dataset offline, trains on the laptop CPU
 #   make test   -- creates .venv if missing, installs the dev + parity extras, runs the default test tier
+#   make test-slow -- also installs the zoo extra (transformers, segment-anything), runs the slow tier
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -25,6 +26,12 @@ $(BIN)/.installed-dev: pyproject.toml $(BIN)/.installed-base
 	$(BIN)/python -m pip install -q -e ".[dev,parity,tpu]"
 	touch $@
 
+# the slow tier's references of real models (tests/test_parity_zoo.py); kept out of make test's
+# install
+$(BIN)/.installed-zoo: pyproject.toml $(BIN)/.installed-dev
+	$(BIN)/python -m pip install -q -e ".[zoo]"
+	touch $@
+
 DEMO_RUN ?= runs/trm_sudoku_tiny
 
 demo: $(BIN)/.installed-base
@@ -36,10 +43,10 @@ demo: $(BIN)/.installed-base
 test: $(BIN)/.installed-dev
 	$(BIN)/python -m pytest -m "not slow" -n 2 --timeout=900 $(PYTEST_ARGS)
 
-test-slow: $(BIN)/.installed-dev
+test-slow: $(BIN)/.installed-zoo
 	$(BIN)/python -m pytest -m "slow" -n 2 --timeout=1800 $(PYTEST_ARGS)
 
-test-all: $(BIN)/.installed-dev
+test-all: $(BIN)/.installed-zoo
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(BIN)/.installed-dev

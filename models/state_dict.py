@@ -2,75 +2,31 @@
 
 Shared by every converter (`models.gpt.from_torch`, `models.trm.from_torch`). A state_dict here is
 any mapping from key to array-like: torch tensors (converted by duck typing, so this module never
-imports torch), numpy arrays or JAX arrays.
+imports torch), numpy arrays or JAX arrays. The key checks and `to_numpy` are the parity
+toolkit's (parity/state_dict.py, torch-free), re-exported here for the converters.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
-import ml_dtypes
-import numpy as np
+from parity.state_dict import StateDictError, check_keys, to_numpy  # noqa: F401 (re-exported)
 
 COMPILE_PREFIX = (
     "_orig_mod."  # torch.compile wraps the module; its state_dict keys gain this prefix
 )
 
 
-class StateDictError(ValueError):
-    """Missing, unexpected or wrongly-shaped keys. The message lists every offending key."""
-
-
 class UnsafeCheckpointError(ValueError):
     """A checkpoint file that would need to unpickle arbitrary code to load."""
-
-
-def to_numpy(value) -> np.ndarray:
-    """torch.Tensor / jax.Array / numpy -> numpy, keeping bfloat16 as ml_dtypes.bfloat16."""
-    if hasattr(value, "detach"):  # torch.Tensor
-        t = value.detach().cpu()
-        if str(t.dtype) == "torch.bfloat16":
-            return t.float().numpy().astype(ml_dtypes.bfloat16)
-        return t.numpy().copy()
-    return np.asarray(value)
 
 
 def strip_prefix(state_dict: Mapping, prefix: str) -> dict:
     """Drop `prefix` from every key that has it (keys without it are kept unchanged)."""
     n = len(prefix)
     return {(k[n:] if k.startswith(prefix) else k): v for k, v in state_dict.items()}
-
-
-def check_keys(
-    state_dict: Mapping,
-    expected: Mapping[str, tuple[int, ...]],
-    *,
-    source: str = "state_dict",
-    ignore: Iterable[str] = (),
-) -> None:
-    """Raise StateDictError listing every missing, unexpected and wrongly-shaped key."""
-    ignore = tuple(ignore)
-    got = {
-        k: tuple(np.shape(v)) for k, v in state_dict.items() if not (ignore and k.endswith(ignore))
-    }
-    missing = sorted(set(expected) - set(got))
-    unexpected = sorted(set(got) - set(expected))
-    wrong = sorted(
-        f"{k}: got {got[k]}, expected {tuple(expected[k])}"
-        for k in set(got) & set(expected)
-        if tuple(got[k]) != tuple(expected[k])
-    )
-    if missing or unexpected or wrong:
-        parts = [f"{source} does not match the model:"]
-        if missing:
-            parts.append(f"  missing keys ({len(missing)}): " + ", ".join(missing))
-        if unexpected:
-            parts.append(f"  unexpected keys ({len(unexpected)}): " + ", ".join(unexpected))
-        if wrong:
-            parts.append(f"  wrong shapes ({len(wrong)}):\n    " + "\n    ".join(wrong))
-        raise StateDictError("\n".join(parts))
 
 
 def load_file(path: str | os.PathLike) -> dict:

@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in _REPORTS or argv[0] in ("-h", "--help"):
         print(f"usage: python -m parity {{{','.join(_REPORTS)}}} [--help | report options]")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    from train.distributed import quiet_tpu_probe
+    from parity.backend import quiet_tpu_probe
 
     quiet_tpu_probe()  # before JAX starts a backend: no libtpu probe lines on a CPU machine
     module = importlib.import_module(_REPORTS[argv[0]])

@@ -11,6 +11,11 @@ The first failing row names the module to look at. For an output row, a module w
 already differ did not cause the difference: the divergence entered in the code of an enclosing
 module before this call, so the name moves up to the nearest enclosing call whose inputs agree.
 Inputs are compared only where both sides pass the same tensors (same count and shapes).
+
+A port may keep flax's channels-last layout inside (nnx.Conv, nnx.GroupNorm on (N, *spatial, C)):
+a port tensor whose shape is torch's (N, C, *spatial) with C moved last is compared in torch's
+layout, and a note lists those calls. Where C equals every spatial size the two layouts have the
+same shape and the tensor is compared as it is: example inputs with distinct sizes avoid that.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from parity.capture import Call, Capture
-from parity.compare import EXACT, FLOAT64, Comparison, Tolerance, compare
+from parity.compare import EXACT, Comparison, Tolerance, compare
 
 ROOT = "(root)"  # how the model itself ("" in torch's named_modules) is printed
 SECTIONS = ("weights", "outputs", "state", "grads", "steps")
@@ -119,8 +124,10 @@ def compare_leaves(
     worst: tuple[float, Comparison | None, str] = (-1.0, None, "")
     for i, (a, e) in enumerate(zip(port, reference)):
         name = f"{what}[{i}]"
-        if tuple(np.shape(a)) != tuple(np.shape(e)):
+        aligned = in_torch_layout(a, e)
+        if aligned is None:
             return False, None, name, f"{name}: port shape {np.shape(a)}, torch {np.shape(e)}"
+        a = aligned
         if dtypes and "float" in _dtype(e) and _dtype(a) != _dtype(e):
             return False, None, name, f"{name}: port dtype {_dtype(a)}, torch {_dtype(e)}"
         c = compare(name, a, e, tol)
@@ -131,8 +138,49 @@ def compare_leaves(
     return (c is None or c.passed), c, name, ""
 
 
+def channels_last(port, reference) -> bool:
+    """The port's tensor is torch's (N, C, *spatial) tensor in flax's channels-last layout
+    (N, *spatial, C): the shapes say so and differ (where C equals every spatial size they
+    coincide, and the tensor is compared as it is)."""
+    ps, rs = tuple(np.shape(port)), tuple(np.shape(reference))
+    return len(rs) >= 3 and ps != rs and ps == (rs[0], *rs[2:], rs[1])
+
+
+def in_torch_layout(port, reference):
+    """The port's tensor as torch lays it out: as it is when the shapes agree, moved from
+    channels-last to channels-first (a permutation: no value changes) when `channels_last`, else
+    None (the shapes disagree)."""
+    if tuple(np.shape(port)) == tuple(np.shape(reference)):
+        return port
+    if channels_last(port, reference):
+        return np.moveaxis(np.asarray(port), -1, 1)
+    return None
+
+
 def _same_structure(a: Sequence, b: Sequence) -> bool:
-    return len(a) == len(b) and all(tuple(np.shape(x)) == tuple(np.shape(y)) for x, y in zip(a, b))
+    return len(a) == len(b) and all(in_torch_layout(x, y) is not None for x, y in zip(a, b))
+
+
+def _channels_last_outputs(port: Call, reference: Call) -> bool:
+    return len(port.outputs) == len(reference.outputs) and any(
+        channels_last(a, e) for a, e in zip(port.outputs, reference.outputs)
+    )
+
+
+def _agrees_channels_last(port: Call, reference: Call, tol: Tolerance) -> bool:
+    """Outputs whose shapes are the same in both layouts (C equals every spatial size) that
+    agree when the port's are read as channels-last: the likely cause of a failing row."""
+    pairs = list(zip(port.outputs, reference.outputs))
+    ambiguous = [
+        np.ndim(e) >= 3 and len(set(np.shape(e)[1:])) == 1 and np.shape(a) == np.shape(e)
+        for a, e in pairs
+    ]
+    if len(port.outputs) != len(reference.outputs) or not any(ambiguous):
+        return False
+    moved = [
+        np.moveaxis(np.asarray(a), -1, 1) if amb else a for (a, _), amb in zip(pairs, ambiguous)
+    ]
+    return compare_leaves("out", moved, reference.outputs, tol)[0]
 
 
 # ------------------------------------------------------------------------------------- calls
@@ -162,24 +210,39 @@ def compare_calls(
     `dtypes`: floating outputs must have torch's dtype too (compare_leaves)."""
     by_key = {c.key: c for c in port}
     labels = call_labels(reference)
-    rows = []
+    rows: list[Row] = []
+    moved: list[str] = []
+    notes: list[str] = []
     for ref in reference:
         mine = by_key.pop(ref.key, None)
         label = labels[ref.key]
         if mine is None:
             rows.append(Row("outputs", label, ref.path, None, note="no port module at this path"))
             continue
+        if _channels_last_outputs(mine, ref):
+            moved.append(label)
         tol = tolerance_for(ref.key)
         passed, c, tensor, note = compare_leaves(
             "out", mine.outputs, ref.outputs, tol, dtypes=dtypes
         )
+        if not passed and _agrees_channels_last(mine, ref, tol):
+            notes.append(
+                f"{label}: its output agrees read as channels-last, but C equals every spatial"
+                " size, so the shape cannot tell the layouts apart: give the example inputs"
+                " distinct channel and spatial sizes"
+            )
         inputs = None
         if _same_structure(mine.args, ref.args) and ref.args:
             # an argument may hold the same infinities on both sides (an additive -inf mask)
             masks_ok = dataclasses.replace(tol, nonfinite=True)
             inputs = compare_leaves("in", mine.args, ref.args, masks_ok, dtypes=dtypes)[0]
         rows.append(Row("outputs", label, ref.path, passed, c, tensor, inputs, note))
-    notes = []
+    if moved:
+        notes.insert(
+            0,
+            f"{len(moved)} port calls return channels-last tensors, compared in torch's"
+            " channels-first layout: " + ", ".join(moved[:8]) + (" ..." if len(moved) > 8 else ""),
+        )
     if by_key:
         extra = call_labels(port)
         names = [extra[k] for k in by_key]
@@ -216,46 +279,20 @@ def compare_named(
 # ---------------------------------------------------------------------------------- envelope
 
 
-def _scale_rel(a, e) -> float:
-    a = np.asarray(np.asarray(a, np.float64))
-    e = np.asarray(np.asarray(e, np.float64))
-    if not (np.isfinite(a).all() and np.isfinite(e).all()):
-        return float("inf")
-    if e.size == 0:
-        return 0.0
-    scale = float(np.max(np.abs(e)))
-    diff = float(np.max(np.abs(a - e)))
-    return diff / scale if scale > 0 else diff
-
-
 def envelope(reference: Capture, perturbed: Sequence[Capture]) -> dict[tuple, float]:
     """Per call key and per gradient key: the largest scale-relative move of its tensors over
     the reference runs whose weights moved by one ulp (parity.envelope.perturbed_copies)."""
-    from models.state_dict import to_numpy
+    from parity.envelope import largest_moves
 
-    env: dict = {}
-    for run in perturbed:
-        calls = {c.key: c for c in run.calls}
-        for c in reference.calls:
-            other = calls.get(c.key)
-            moves = [
-                _scale_rel(to_numpy(a), to_numpy(e))
-                for a, e in zip(other.outputs if other else [], c.outputs)
-            ]
-            env[c.key] = max([env.get(c.key, 0.0), *moves])
-        for key, g in (reference.grads or {}).items():
-            move = _scale_rel(to_numpy((run.grads or {})[key]), to_numpy(g))
-            env[key] = max(env.get(key, 0.0), move)
-    return env
+    return largest_moves(_moved_tensors(reference), [_moved_tensors(run) for run in perturbed])
 
 
-def envelope_tolerance(env: float, factor: float, floor: float = FLOAT64.rtol) -> Tolerance:
-    return Tolerance(
-        f"envelope x{factor:g}",
-        max(floor, factor * env),
-        why=f"one ulp of every reference weight moves this tensor by {env:.1e} of its scale;"
-        f" the port may differ by {factor:g}x that",
-    )
+def _moved_tensors(run: Capture) -> dict:
+    from parity.state_dict import to_numpy
+
+    out: dict = {c.key: [to_numpy(x) for x in c.outputs] for c in run.calls}
+    out.update({k: to_numpy(g) for k, g in (run.grads or {}).items()})
+    return out
 
 
 # ----------------------------------------------------------------------------------- printing

@@ -15,7 +15,9 @@ module and the floating inputs to float64 before the port is built, with JAX's x
 is FLOAT64 (float32: FLOAT32), or with `--envelope` 16 times the one-ulp envelope of torch's own
 run (parity/envelope.py). Module paths are torch's (`blocks.1.norm`); `--rename NNX=TORCH`
 rewrites a port path prefix that differs (`--rename =transformer`: every port path gains the
-prefix `transformer.`, as nanoGPT's flattened ModuleDict needs).
+prefix `transformer.`, as nanoGPT's flattened ModuleDict needs). A port may keep flax's
+channels-last layout inside (nnx.Conv, nnx.GroupNorm on NHWC): those outputs are compared in
+torch's layout, and a note lists them (parity/check.py).
 
 Exit status: 0 when every compared tensor agrees, 1 when one differs (the last line is then
 `first divergent module: <path>`), 2 for bad arguments (one line saying what was expected) or
@@ -31,22 +33,21 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from models.state_dict import StateDictError
 from parity.capture import Capture, capture_nnx, capture_torch, nnx_state, prefix_rename
 from parity.check import (
     Report,
     compare_calls,
     compare_named,
     envelope,
-    envelope_tolerance,
     exact,
     format_report,
 )
-from parity.compare import FLOAT32, FLOAT64
-from parity.envelope import perturbed_copies
+from parity.compare import BFLOAT16, BFLOAT16_AS_TORCH, FLOAT32, FLOAT64, Tolerance
+from parity.envelope import ENVELOPE_FACTOR, perturbed_copies, tolerance
 from parity.keymap import KeyMap, build_keymap, describe_torch
+from parity.state_dict import StateDictError, to_numpy
 
-TOLERANCES = {"float32": FLOAT32, "float64": FLOAT64}
+TOLERANCES = {"float32": FLOAT32, "float64": FLOAT64, "bfloat16": BFLOAT16}
 ENVELOPE_SEEDS = (1, 2)
 
 
@@ -91,11 +92,11 @@ def _torch_pair(factory: Callable, name: str, dtype: str):
             f"TORCH_FACTORY {name} returned inputs of type {type(inputs).__name__}: expected a "
             "tuple of example inputs (one element per positional argument)"
         )
-    if dtype == "float64":
-        module = module.double()
+    if dtype != "float32":
+        to = getattr(torch, dtype)
+        module = module.to(to)
         inputs = tuple(
-            x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-            for x in inputs
+            x.to(to) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs
         )
     return module, inputs
 
@@ -111,7 +112,7 @@ def _to_jax(x):
     import torch
 
     if isinstance(x, torch.Tensor):
-        return jnp.asarray(x.detach().cpu().numpy())
+        return jnp.asarray(to_numpy(x))  # bfloat16 stays bfloat16
     if isinstance(x, (tuple, list)):
         return type(x)(_to_jax(v) for v in x)
     return x
@@ -161,7 +162,7 @@ def diff(
     every parameter's gradient."""
     if dtype not in TOLERANCES:
         raise UsageError(f"--dtype {dtype!r}: expected one of {', '.join(TOLERANCES)}")
-    with _x64(dtype == "float64"):
+    with _x64(dtype != "float32"):  # bfloat16: torch's own float64 run is the exact value
         return _diff(
             torch_factory, nnx_factory, dtype, grads, train, use_envelope, rename, jit, names
         )
@@ -182,22 +183,53 @@ def _diff(torch_factory, nnx_factory, dtype, grads, train, use_envelope, rename,
     port.train() if train else port.eval()
     km = build_keymap(described, port, rename=rename)
     loaded = km.to_torch(nnx_state(port))  # before the call: train mode moves the buffers
-    # the perturbed copies first: a train-mode call moves the reference's running statistics
+    # the copies first: a train-mode call moves the reference's running statistics
     copies = list(perturbed_copies(module, ENVELOPE_SEEDS)) if use_envelope else []
+    exact = _float64_twin(module, inputs) if dtype == "bfloat16" else None
     ref = capture_torch(module, inputs, grads=grads)
     mine = capture_nnx(port, tuple(_to_jax(x) for x in inputs), grads=grads, jit=jit, rename=rename)
     tol = TOLERANCES[dtype]
-    env = envelope(ref, [capture_torch(m, inputs, grads=grads) for m in copies]) if copies else {}
+    if exact is not None:  # how far torch's own bf16 run is from its float64 run, per tensor
+        bounds = _as_torch(envelope(capture_torch(*exact, grads=grads), [ref]))
+    elif copies:
+        env = envelope(ref, [capture_torch(m, inputs, grads=grads) for m in copies])
+        bounds = {k: tolerance(v, ENVELOPE_FACTOR) for k, v in env.items()}
+    else:
+        bounds = {}
     return _report(
-        km, weights, loaded, described, ref, mine, tol, env, _dropout_note(module, train)
+        km, weights, loaded, described, ref, mine, tol, bounds, _dropout_note(module, train)
     )
 
 
+def _float64_twin(module, inputs):
+    """A float64 copy of the (bfloat16) torch module and inputs: the same values, exactly."""
+    import copy
+
+    import torch
+
+    twin = copy.deepcopy(module).double()
+    return twin, tuple(
+        x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs
+    )
+
+
+def _as_torch(errors: dict) -> dict:
+    """Per tensor: BFLOAT16, or BFLOAT16_AS_TORCH's factor x torch's own bf16 error where that is
+    wider (parity/compare.py)."""
+    b = BFLOAT16_AS_TORCH
+    return {
+        key: Tolerance(
+            f"{b.name} (torch's own: {err:.1e})", max(b.floor, b.factor * err), why=b.why
+        )
+        for key, err in errors.items()
+    }
+
+
 def _report(
-    km: KeyMap, weights, loaded, described, ref: Capture, mine: Capture, tol, env, notes
+    km: KeyMap, weights, loaded, described, ref: Capture, mine: Capture, tol, bounds, notes
 ) -> Report:
     def tolerance_for(key):
-        return envelope_tolerance(env[key], 16.0) if key in env else tol
+        return bounds.get(key, tol)
 
     rows = compare_named("weights", loaded, weights, exact, dtypes=True)
     out_rows, call_notes = compare_calls(mine.calls, ref.calls, tolerance_for, dtypes=True)

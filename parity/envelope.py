@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -93,24 +93,62 @@ class Envelope:
 
     def tolerance(self, step: int, name: str) -> Tolerance:
         env = self.at(step)
-        rtol = max(FLOAT64.rtol, self.factor * env)
-        return Tolerance(
-            f"envelope x{self.factor:g} (step {step + 1}: {env:.1e})",
-            rtol,
-            why=(
-                "one ulp of every reference weight moves the reference this far by this step;"
-                f" the port may differ by {self.factor:g}x that (never less than FLOAT64)"
-            ),
-        )
+        return tolerance(env, self.factor, label=f" (step {step + 1}: {env:.1e})")
 
 
-def _scale_rel(a, e) -> float:
+def move(a, e) -> float:
+    """How far `a` moved from `e`, scale-relative: max|a - e| / max|e| (max|a - e| where e is all
+    zero; infinite when either side is not finite). The measure of every envelope here."""
     a, e = _np(a), _np(e)
     if not (np.isfinite(a).all() and np.isfinite(e).all()):
         return float("inf")
-    scale = float(np.max(np.abs(e))) if e.size else 0.0
-    diff = float(np.max(np.abs(a - e))) if e.size else 0.0
+    if e.size == 0:
+        return 0.0
+    scale = float(np.max(np.abs(e)))
+    diff = float(np.max(np.abs(a - e)))
     return diff / scale if scale > 0 else diff
+
+
+def largest_moves(reference: Mapping, perturbed: Iterable[Mapping]) -> dict:
+    """The envelope of named values: per key of `reference`, the largest `move` over the
+    perturbed runs (mappings with the same keys; a value may be a list of arrays, whose largest
+    move counts). Every envelope of the toolkit is this on its own keys: per module call and
+    gradient (parity.check.envelope), per optimizer step and tensor (parity.steps), per rollout
+    step and tensor (measure_envelope)."""
+    env = dict.fromkeys(reference, 0.0)
+    for run in perturbed:
+        for key, value in reference.items():
+            moved = run.get(key)
+            if moved is None:
+                continue
+            pairs = zip(moved, value) if isinstance(value, list) else [(moved, value)]
+            env[key] = max([env[key], *(move(a, e) for a, e in pairs)])
+    return env
+
+
+def tolerance(
+    env: float, factor: float = ENVELOPE_FACTOR, floor: float = FLOAT64.rtol, label: str = ""
+) -> Tolerance:
+    """`factor` times an envelope value, never below `floor`, as a named Tolerance."""
+    return Tolerance(
+        f"envelope x{factor:g}{label}",
+        max(floor, factor * env),
+        why=f"one ulp of every reference weight moves this tensor by {env:.1e} of its scale;"
+        f" the port may differ by {factor:g}x that (never less than {floor:g})",
+    )
+
+
+def widened(tol: Tolerance, env: Mapping, factor: float = ENVELOPE_FACTOR):
+    """tolerance_for(key): `tol`, or `factor` x the envelope of `key` where that is wider (an
+    exactly-zero gradient, a recurrence)."""
+
+    def tolerance_for(key) -> Tolerance:
+        if key not in env:
+            return tol
+        bound = tolerance(env[key], factor, floor=tol.rtol)
+        return bound if bound.rtol > tol.rtol else tol
+
+    return tolerance_for
 
 
 def measure_envelope(
@@ -124,13 +162,11 @@ def measure_envelope(
     perturbed run must equal the reference's: otherwise one ulp already changed a decision (a halt,
     a refill) and the rollout is too close to a tie to bound; that is an error, not a bound.
     """
-    steps = [dict.fromkeys(floats, 0.0) for _, floats in reference]
-    n_runs = 0
+    runs = []
     for run in perturbed_runs:
-        n_runs += 1
         if len(run) != len(reference):
             raise ValueError(f"perturbed run has {len(run)} steps, the reference {len(reference)}")
-        for i, ((ex_p, fl_p), (ex_r, fl_r)) in enumerate(zip(run, reference, strict=True)):
+        for i, ((ex_p, _), (ex_r, _)) in enumerate(zip(run, reference, strict=True)):
             for name, value in ex_r.items():
                 if not compare(name, ex_p[name], value, EXACT).passed:
                     raise ValueError(
@@ -138,11 +174,15 @@ def measure_envelope(
                         " rollout sits on a tie (a q logit at ~0?) and has no envelope: change"
                         " the seed or the configuration"
                     )
-            for name, value in fl_r.items():
-                steps[i][name] = max(steps[i][name], _scale_rel(fl_p[name], value))
-    if n_runs == 0:
+        runs.append(_by_step(run))
+    if not runs:
         raise ValueError("an envelope needs at least one perturbed run")
-    return Envelope(steps, factor)
+    moves = largest_moves(_by_step(reference), runs)
+    return Envelope([{n: moves[i, n] for n in fl} for i, (_, fl) in enumerate(reference)], factor)
+
+
+def _by_step(run: Sequence[tuple[Step, Step]]) -> dict[tuple[int, str], object]:
+    return {(i, name): v for i, (_, floats) in enumerate(run) for name, v in floats.items()}
 
 
 def check_within_envelope(

@@ -31,25 +31,29 @@ buffer, tie) as plain data, so a map can be built, and goldens loaded, without t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from models.state_dict import StateDictError, to_numpy
 from parity.capture import Rename, dotted
+from parity.state_dict import StateDictError, to_numpy
 
 
 @dataclasses.dataclass(frozen=True)
 class TorchKey:
     """One state_dict entry: its key, the class names of its module (the class first, then its
-    bases up to torch.nn.Module), its shape, parameter or buffer, and the earlier key it shares
-    storage with (tied weights), if any."""
+    bases up to torch.nn.Module), its shape, parameter or buffer, the earlier key it shares
+    storage with (tied weights), if any, and the modules that enclose its module (path and class
+    names, the model first), whose rules may claim the key (nn.MultiheadAttention claims
+    `out_proj.weight`)."""
 
     key: str
     kinds: tuple[str, ...]
     shape: tuple[int, ...]
     parameter: bool = True
     tied_to: str | None = None
+    outer: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def module(self) -> str:
@@ -64,22 +68,34 @@ class TorchKey:
 
     @classmethod
     def from_json(cls, d: Mapping) -> TorchKey:
-        return cls(d["key"], tuple(d["kinds"]), tuple(d["shape"]), d["parameter"], d["tied_to"])
+        outer = tuple((path, tuple(kinds)) for path, kinds in d.get("outer", ()))
+        return cls(
+            d["key"], tuple(d["kinds"]), tuple(d["shape"]), d["parameter"], d["tied_to"], outer
+        )
 
 
 def describe_torch(module) -> list[TorchKey]:
     """Every state_dict key of a torch module, in state_dict order, as a TorchKey."""
     params = {id(p) for p in module.parameters()}
+    kinds_of = {path: _kinds(m) for path, m in module.named_modules(remove_duplicate=False)}
     seen: dict[tuple, str] = {}
     out = []
     for key, t in module.state_dict(keep_vars=True).items():
-        owner = module.get_submodule(key.rpartition(".")[0])
-        kinds = tuple(c.__name__ for c in type(owner).__mro__[: type(owner).__mro__.index(_nn())])
+        owner = key.rpartition(".")[0]
+        parts = owner.split(".") if owner else []
+        enclosing = ["", *(".".join(parts[:i]) for i in range(1, len(parts)))] if parts else []
+        outer = tuple((p, kinds_of[p]) for p in enclosing)
         storage = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
         tied_to = seen.get(storage) if t.numel() else None
         seen.setdefault(storage, key)
-        out.append(TorchKey(key, kinds, tuple(t.shape), id(t) in params, tied_to))
+        shape = tuple(t.shape)
+        out.append(TorchKey(key, kinds_of[owner], shape, id(t) in params, tied_to, outer))
     return out
+
+
+def _kinds(m) -> tuple[str, ...]:
+    mro = type(m).__mro__
+    return tuple(c.__name__ for c in mro[: mro.index(_nn())])
 
 
 def _nn():
@@ -88,56 +104,173 @@ def _nn():
     return torch.nn.Module
 
 
+# ------------------------------------------------------------------------------------- layouts
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How a torch tensor (or one chunk of it) becomes an NNX variable's value, and back: a
+    permutation of its axes (`to_nnx`, and its inverse `to_torch`), then, with `reshape`, a
+    reshape into the shape of the port's variable (a head split: (E, E) -> (E, heads, head_dim)).
+    Every layout is a permutation or a reshape, so the round trip is EXACT."""
+
+    name: str
+    to_nnx: Callable[[np.ndarray], np.ndarray]
+    to_torch: Callable[[np.ndarray], np.ndarray]
+    reshape: bool = False
+
+
+def _reverse_last_two(x: np.ndarray) -> np.ndarray:
+    return x.T if x.ndim == 2 else x
+
+
+def _kernel_last(x: np.ndarray) -> np.ndarray:  # (O, I, *k) -> (*k, I, O)
+    return np.transpose(x, (*range(2, x.ndim), 1, 0))
+
+
+def _kernel_first(x: np.ndarray) -> np.ndarray:  # (*k, I, O) -> (O, I, *k)
+    return np.transpose(x, (x.ndim - 1, x.ndim - 2, *range(x.ndim - 2)))
+
+
+def _same(x: np.ndarray) -> np.ndarray:
+    return x
+
+
+SAME = Layout("same", _same, _same)
+LINEAR = Layout("linear", _reverse_last_two, _reverse_last_two)  # (out, in) <-> (in, out)
+# (O, I, *k) <-> (*k, I, O); a ConvTranspose weight (I, O, *k) becomes (*k, O, I), the kernel of
+# nnx.ConvTranspose(transpose_kernel=True)
+CONV = Layout("conv", _kernel_last, _kernel_first)
+LINEAR_HEADS = Layout("linear+heads", _reverse_last_two, _reverse_last_two, reshape=True)
+SAME_HEADS = Layout("same+heads", _same, _same, reshape=True)
+
+
+def _splits(shape: tuple, into: tuple) -> bool:
+    """Whether `into` is `shape` with some axes split into several (E -> (heads, head_dim))."""
+    i, prod = 0, 1
+    for n in into:
+        prod *= n
+        if i >= len(shape) or prod > shape[i] or shape[i] % prod:
+            return False
+        if prod == shape[i]:
+            i, prod = i + 1, 1
+    return i == len(shape) and prod == 1
+
+
 # --------------------------------------------------------------------------------------- rules
 
-_SAME = "same"
-_LINEAR = "linear"  # (out, in) <-> (in, out)
-_CONV = "conv"  # (O, I, *k) <-> (*k, I, O)
-_DROP = "drop"
 
-# torch class name -> torch attribute -> (NNX attribute, layout). First match along the MRO wins.
-RULES: dict[str, dict[str, tuple[str | None, str]]] = {
-    "Linear": {"weight": ("kernel", _LINEAR)},
-    "_ConvTransposeNd": {},  # its (I, O, *k) weight has no rule: keep its name in the port
-    "_ConvNd": {"weight": ("kernel", _CONV)},
-    "Embedding": {"weight": ("embedding", _SAME)},
-    "LayerNorm": {"weight": ("scale", _SAME)},
-    "RMSNorm": {"weight": ("scale", _SAME)},
-    "GroupNorm": {"weight": ("scale", _SAME)},
-    "_BatchNorm": {
-        "weight": ("scale", _SAME),
-        "running_mean": ("mean", _SAME),
-        "running_var": ("var", _SAME),
-        "num_batches_tracked": (None, _DROP),
+@dataclasses.dataclass(frozen=True)
+class To:
+    """Where a torch tensor goes: the NNX variable at `path` (dotted, relative to the module the
+    rule is for: `kernel`, `out.kernel`, `layers.0.cell.dense_i.kernel`), in `layout`. With
+    `chunks` > 1, only slice `chunk` of `chunks` equal slices along torch's first axis goes there
+    (a packed q/k/v projection, an LSTM's four gates)."""
+
+    path: str
+    layout: Layout = SAME
+    chunk: int = 0
+    chunks: int = 1
+
+
+# A rule: {torch attribute: To, a list of To (the slices), or () (dropped: no NNX counterpart)},
+# or a function (name, has) -> the same or None, where `name` is the key relative to the module
+# (`weight`, `out_proj.weight`, `weight_ih_l1_reverse`) and has(path) tells whether the port
+# holds a variable at that relative path.
+Rule = Mapping[str, "To | Sequence[To]"] | Callable[[str, Callable[[str], bool]], object]
+
+RULES: dict[str, Rule] = {}
+
+
+def register_rule(torch_class: str | type, rule: Rule) -> None:
+    """Map the state_dict keys of a torch module class (matched by class name along the MRO of
+    each key's module, the first registered name wins) by `rule`. The rule of an enclosing
+    module is tried before its submodules' rules. Registering a name again replaces its rule."""
+    name = torch_class if isinstance(torch_class, str) else torch_class.__name__
+    RULES[name] = rule
+
+
+def _rule_targets(rule: Rule, name: str, has: Callable[[str], bool]) -> tuple[To, ...] | None:
+    found = rule(name, has) if callable(rule) else rule.get(name)
+    if found is None:
+        return None
+    return (found,) if isinstance(found, To) else tuple(found)
+
+
+def _find_rule(kinds: Sequence[str]) -> Rule | None:
+    return next((RULES[k] for k in kinds if k in RULES), None)
+
+
+register_rule("Linear", {"weight": To("kernel", LINEAR)})
+register_rule("_ConvNd", {"weight": To("kernel", CONV)})  # Conv1d/2d/3d, ConvTranspose1d/2d/3d
+register_rule("Embedding", {"weight": To("embedding")})
+for _norm in ("LayerNorm", "RMSNorm", "GroupNorm"):
+    register_rule(_norm, {"weight": To("scale")})
+register_rule(
+    "_BatchNorm",
+    {
+        "weight": To("scale"),
+        "running_mean": To("mean"),
+        "running_var": To("var"),
+        "num_batches_tracked": (),
     },
-}
+)
 
 
-def _to_nnx_layout(x: np.ndarray, layout: str) -> np.ndarray:
-    if layout == _LINEAR:
-        return x.T
-    if layout == _CONV:
-        return np.transpose(x, (*range(2, x.ndim), 1, 0))
-    return x
-
-
-def _to_torch_layout(x: np.ndarray, layout: str) -> np.ndarray:
-    if layout == _LINEAR:
-        return x.T
-    if layout == _CONV:
-        return np.transpose(x, (x.ndim - 1, x.ndim - 2, *range(x.ndim - 2)))
-    return x
-
-
-def _nnx_shape(shape: tuple, layout: str) -> tuple:
-    return tuple(_to_nnx_layout(np.empty(shape, np.int8), layout).shape)
-
-
-def _rule(kinds: Iterable[str], attr: str) -> tuple[str | None, str] | None:
-    for kind in kinds:
-        if kind in RULES:
-            return RULES[kind].get(attr)
+def _mha_rule(name: str, has) -> object:
+    """nn.MultiheadAttention -> nnx.MultiHeadAttention: the packed in_proj (3E, E) in thirds to
+    query / key / value (E, heads, head_dim); out_proj (E, E) to out (heads, head_dim, E)."""
+    qkv = ("query", "key", "value")
+    if name == "in_proj_weight":
+        return [To(f"{p}.kernel", LINEAR_HEADS, i, 3) for i, p in enumerate(qkv)]
+    if name == "in_proj_bias":
+        return [To(f"{p}.bias", SAME_HEADS, i, 3) for i, p in enumerate(qkv)]
+    if name in ("q_proj_weight", "k_proj_weight", "v_proj_weight"):  # kdim / vdim != embed_dim
+        return To(f"{qkv['qkv'.index(name[0])]}.kernel", LINEAR_HEADS)
+    if name == "out_proj.weight":
+        return To("out.kernel", LINEAR_HEADS)
+    if name == "out_proj.bias":
+        return To("out.bias")
     return None
+
+
+register_rule("MultiheadAttention", _mha_rule)
+
+_RNN_KEY = re.compile(r"(weight|bias)_(ih|hh)_l(\d+)(_reverse)?")
+_GATES = {"LSTM": (("ii", "if_", "ig", "io"), ("hi", "hf", "hg", "ho"))}
+
+
+def _recurrent_rule(torch_class: str):
+    """nn.LSTM / nn.GRU / nn.RNN -> flax's cells under nnx.RNN (parity.layers.LSTM, GRU, RNN): layer
+    k's cell at `layers.k.cell` (bidirectional: `layers.k.forward_rnn.cell`,
+    `layers.k.backward_rnn.cell`). Cells with one projection per side (OptimizedLSTMCell,
+    GRUCell, SimpleCell: `dense_i`, `dense_h`) take torch's (G*H, in) matrices whole, the gates
+    already in torch's order (LSTM i, f, g, o; GRU r, z, n); flax's LSTMCell takes them in four
+    slices, gate by gate (`ii`, `if_`, `ig`, `io`; `hi`, ...)."""
+
+    def rule(name: str, has) -> object:
+        m = _RNN_KEY.fullmatch(name)
+        if m is None:
+            return None
+        kind, side, layer, reverse = m.groups()
+        cell = f"layers.{layer}.cell"
+        if (
+            reverse
+            or has(f"layers.{layer}.forward_rnn.cell.dense_i.kernel")
+            or has(f"layers.{layer}.forward_rnn.cell.ii.kernel")
+        ):
+            cell = f"layers.{layer}.{'backward_rnn' if reverse else 'forward_rnn'}.cell"
+        attr, layout = ("kernel", LINEAR) if kind == "weight" else ("bias", SAME)
+        if torch_class in _GATES and has(f"{cell}.ii.kernel"):
+            gates = _GATES[torch_class][side == "hh"]
+            return [To(f"{cell}.{g}.{attr}", layout, i, 4) for i, g in enumerate(gates)]
+        return To(f"{cell}.dense_{side[0]}.{attr}", layout)
+
+    return rule
+
+
+for _rnn in ("LSTM", "GRU", "RNN"):
+    register_rule(_rnn, _recurrent_rule(_rnn))
 
 
 # ------------------------------------------------------------------------------------- the map
@@ -145,11 +278,15 @@ def _rule(kinds: Iterable[str], attr: str) -> tuple[str | None, str] | None:
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-    """torch key <-> NNX variable path, and the layout rule between them."""
+    """torch key (or slice `chunk` of `chunks` along its first axis) <-> NNX variable path, the
+    layout between them, and the torch-side shape after the permutation (for a reshape)."""
 
     torch_key: str
     nnx_path: tuple
-    layout: str = _SAME
+    layout: Layout = SAME
+    chunk: int = 0
+    chunks: int = 1
+    permuted: tuple = ()
 
 
 @dataclasses.dataclass
@@ -167,7 +304,7 @@ class KeyMap:
 
     def report(self) -> str:
         """One line per category that is not empty (the same layout as check_keys)."""
-        lines = [f"{len(self.entries)} keys map"]
+        lines = [f"{len({e.torch_key for e in self.entries})} keys map"]
         if self.tied:
             lines.append(
                 f"  tied ({len(self.tied)}): "
@@ -189,7 +326,7 @@ class KeyMap:
         return "\n".join(lines)
 
     def check(self, source: str = "state_dict") -> KeyMap:
-        """Raise models.state_dict.StateDictError listing every key that does not map."""
+        """Raise parity.state_dict.StateDictError listing every key that does not map."""
         if not self.complete:
             raise StateDictError(f"{source} does not match the model: " + self.report())
         return self
@@ -201,22 +338,44 @@ class KeyMap:
 
         for e in self.entries:
             var = variable_at(model, e.nnx_path)
-            value = _to_nnx_layout(to_numpy(state_dict[e.torch_key]), e.layout)
+            value = _to_nnx(to_numpy(state_dict[e.torch_key]), e, var.get_value().shape)
             if not np.issubdtype(value.dtype, np.floating) and value.dtype.name != "bfloat16":
                 value = value.astype(var.get_value().dtype)
             var.set_value(jnp.asarray(np.array(value)))  # a copy; 0-d stays 0-d
 
     def to_torch(self, flat: Mapping[tuple, object]) -> dict[str, np.ndarray]:
         """NNX arrays by path tuple (a model's state, or its gradients) -> torch keys and
-        layouts. Tied keys get their partner's array; paths not in `flat` are left out."""
-        out = {}
+        layouts. Tied keys get their partner's array; keys with a path not in `flat` are left
+        out."""
+        parts: dict[str, dict[int, np.ndarray]] = {}
+        chunks: dict[str, int] = {}
         for e in self.entries:
             if e.nnx_path in flat:
-                out[e.torch_key] = _to_torch_layout(to_numpy(flat[e.nnx_path]), e.layout)
+                y = to_numpy(flat[e.nnx_path])
+                y = y.reshape(e.permuted) if e.layout.reshape else y
+                parts.setdefault(e.torch_key, {})[e.chunk] = e.layout.to_torch(y)
+                chunks[e.torch_key] = e.chunks
+        out = {}
+        for key, got in parts.items():
+            if len(got) == chunks[key]:
+                out[key] = (
+                    got[0]
+                    if chunks[key] == 1
+                    else np.concatenate([got[i] for i in range(chunks[key])], axis=0)
+                )
         for key, partner in self.tied.items():
             if partner in out:
                 out[key] = out[partner]
         return out
+
+
+def _chunk(x: np.ndarray, chunk: int, chunks: int) -> np.ndarray:
+    return x if chunks == 1 else np.split(x, chunks, axis=0)[chunk]
+
+
+def _to_nnx(x: np.ndarray, e: Entry, shape: tuple) -> np.ndarray:
+    y = e.layout.to_nnx(_chunk(x, e.chunk, e.chunks))
+    return y.reshape(shape) if e.layout.reshape else y
 
 
 def variable_at(model, path: tuple):
@@ -226,11 +385,12 @@ def variable_at(model, path: tuple):
     return obj
 
 
-def _nnx_variables(model, rename: Rename | None, ignore) -> dict[str, dict[str, tuple]]:
-    """torch-form module path -> attribute -> (path tuple, shape)."""
+def _nnx_variables(model, rename: Rename | None, ignore) -> dict[str, tuple]:
+    """torch-form dotted path of every variable (`rename` applied to its module) -> (path tuple,
+    shape)."""
     from flax import nnx
 
-    out: dict[str, dict[str, tuple]] = {}
+    out: dict[str, tuple] = {}
     for path, var in nnx.iter_graph(model):
         if not isinstance(var, nnx.Variable) or isinstance(var, nnx.RngState):
             continue
@@ -238,8 +398,58 @@ def _nnx_variables(model, rename: Rename | None, ignore) -> dict[str, dict[str, 
             continue
         module = dotted(path[:-1])
         module = rename(module) if (rename and module) else module
-        out.setdefault(module, {})[str(path[-1])] = (tuple(path), tuple(var.get_value().shape))
+        name = f"{module}.{path[-1]}" if module else str(path[-1])
+        out[name] = (tuple(path), tuple(var.get_value().shape))
     return out
+
+
+def _scopes(tk: TorchKey) -> list[tuple[str, tuple[str, ...]]]:
+    """The modules whose rules may claim `tk`, outermost first: those enclosing its module, then
+    its module."""
+    return [*tk.outer, (tk.module, tk.kinds)]
+
+
+def _join(scope: str, rel: str) -> str:
+    return f"{scope}.{rel}" if scope else rel
+
+
+def _match(tk: TorchKey, variables: dict[str, tuple]) -> tuple[str, tuple[To, ...]] | None:
+    """(the scope, its targets) of the first rule, outermost first, whose targets the port holds;
+    () targets: a rule drops the key; None: no rule applies."""
+    if tk.key in variables:
+        return "", (To(tk.key),)
+    dropped = None
+    for scope, kinds in _scopes(tk):
+        rule = _find_rule(kinds)
+        if rule is None:
+            continue
+        rel = tk.key[len(scope) + 1 :] if scope else tk.key
+        targets = _rule_targets(rule, rel, lambda p, s=scope: _join(s, p) in variables)
+        if targets is None:
+            continue
+        if not targets:
+            dropped = (scope, ())
+        elif all(_join(scope, t.path) in variables for t in targets):
+            return scope, targets
+    return dropped
+
+
+def _entry(tk: TorchKey, target: To, path: tuple, shape: tuple) -> tuple[Entry | None, str]:
+    """The entry for one target, or a wrong-shape line."""
+    torch_shape = list(tk.shape)
+    if target.chunks > 1:
+        torch_shape[0] //= target.chunks
+    permuted = tuple(target.layout.to_nnx(np.empty(torch_shape, np.int8)).shape)
+    fits = _splits(permuted, shape) if target.layout.reshape else permuted == shape
+    if not fits or (target.chunks > 1 and tk.shape[0] % target.chunks):
+        how = f"{target.layout.name} layout {permuted}" if target.layout is not SAME else ""
+        if target.chunks > 1:
+            how = f"slice {target.chunk + 1}/{target.chunks}" + (f", {how}" if how else "")
+        return (
+            None,
+            f"{tk.key}: torch {tk.shape}{f' ({how})' if how else ''}, port {dotted(path)} {shape}",
+        )
+    return Entry(tk.key, path, target.layout, target.chunk, target.chunks, permuted), ""
 
 
 def build_keymap(
@@ -249,7 +459,7 @@ def build_keymap(
     rename: Rename | None = None,
     ignore: Iterable[str] = (),
 ) -> KeyMap:
-    """Match every described torch key to a variable of the NNX `model` by the rules above.
+    """Match every described torch key to the variables of the NNX `model` by the rules above.
     `ignore`: key / variable-path suffixes left out on both sides."""
     ignore = tuple(ignore)
     described = [tk for tk in described if not (ignore and tk.key.endswith(ignore))]
@@ -258,35 +468,23 @@ def build_keymap(
     used: set[tuple] = set()
     unmatched: list[TorchKey] = []
     for tk in described:
-        candidates = variables.get(tk.module, {})
-        rule = _rule(tk.kinds, tk.attr)
-        if tk.attr in candidates:
-            target, layout = tk.attr, _SAME
-        elif rule is not None and rule[0] in candidates:
-            target, layout = rule
-        else:
-            if rule is not None and rule[1] == _DROP:
-                km.dropped.append(tk.key)
-            else:
-                unmatched.append(tk)
+        found = _match(tk, variables)
+        if found is None:
+            unmatched.append(tk)
             continue
-        path, shape = candidates[target]
-        want = _nnx_shape(tk.shape, layout) if layout == _SAME or len(tk.shape) >= 2 else None
-        if want != shape:
-            rule_txt = "" if layout == _SAME else f" ({layout} layout {want})"
-            km.wrong_shapes.append(
-                f"{tk.key}: torch {tk.shape}{rule_txt}, port {dotted(path)} {shape}"
-            )
-        else:
-            km.entries.append(Entry(tk.key, path, layout))
-        used.add(path)
+        scope, targets = found
+        if not targets:
+            km.dropped.append(tk.key)
+        for target in targets:
+            path, shape = variables[_join(scope, target.path)]
+            entry, wrong = _entry(tk, target, path, shape)
+            if entry is None:
+                km.wrong_shapes.append(wrong)
+            else:
+                km.entries.append(entry)
+            used.add(path)
     _resolve_ties(km, described, unmatched)
-    km.missing = sorted(
-        dotted(path)
-        for attrs in variables.values()
-        for path, _ in attrs.values()
-        if path not in used
-    )
+    km.missing = sorted(dotted(path) for path, _ in variables.values() if path not in used)
     return km
 
 

@@ -24,6 +24,7 @@ from parity.capture import nnx_cotangent_loss, nnx_state, split_static, torch_co
 from parity.check import Report, Row, compare_leaves
 from parity.compare import FLOAT32, FLOAT64, Tolerance
 from parity.keymap import KeyMap, build_keymap, describe_torch
+from parity.state_dict import to_numpy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,7 +174,7 @@ def compare_steps(
     import jax.numpy as jnp
     import torch
 
-    from parity.envelope import perturbed_copies
+    from parity.envelope import perturbed_copies, widened
 
     km = keymap or build_keymap(describe_torch(module), port).check()
     if tol is None:
@@ -184,34 +185,38 @@ def compare_steps(
     env = _steps_envelope(ref, [torch_steps(m, args, opt, steps, seed=seed) for m in perturbed])
     mine = nnx_steps(port, jargs, opt, steps, seed=seed)
     port_steps = [(np.asarray(loss), km.to_torch(s)) for loss, s in mine]
-    return steps_report(port_steps, ref, _tolerance_for(tol, env))
+    return steps_report(port_steps, ref, by_step(widened(tol, env)))
 
 
 def _steps_envelope(ref: list[tuple], runs: list[list[tuple]]) -> dict[tuple, float]:
-    from parity.check import _scale_rel
+    """Per (step, "loss") and (step, state_dict key): how far the one-ulp runs moved it."""
+    from parity.envelope import largest_moves
 
-    env: dict[tuple, float] = {}
-    for run in runs:
-        for t, ((r_loss, r_state), (p_loss, p_state)) in enumerate(zip(ref, run), 1):
-            env[t, "loss"] = max(env.get((t, "loss"), 0.0), _scale_rel(p_loss, r_loss))
-            for key, value in r_state.items():
-                if value.is_floating_point():
-                    move = _scale_rel(p_state[key].numpy(), value.numpy())
-                    env[t, key] = max(env.get((t, key), 0.0), move)
-    return env
+    return largest_moves(_by_step(ref), [_by_step(run) for run in runs])
 
 
-def _tolerance_for(tol: Tolerance, env: dict):
-    from parity.check import envelope_tolerance
-    from parity.envelope import ENVELOPE_FACTOR
+def _by_step(history: list[tuple]) -> dict[tuple, object]:
+    out: dict[tuple, object] = {}
+    for t, (loss, state) in enumerate(history, 1):
+        out[t, "loss"] = to_numpy(loss)
+        out.update({(t, k): to_numpy(v) for k, v in state.items() if v.is_floating_point()})
+    return out
 
+
+def _everywhere(tol: Tolerance):
     def tolerance_for(t: int, key: str) -> Tolerance:
-        if (t, key) not in env:
-            return tol
-        bound = envelope_tolerance(env[t, key], ENVELOPE_FACTOR, floor=tol.rtol)
-        return bound if bound.rtol > tol.rtol else tol
+        return tol
 
     return tolerance_for
+
+
+def by_step(tolerance_for):
+    """A tolerance_for over (t, key) pairs (parity.envelope.widened) as steps_report's (t, key)."""
+
+    def for_step(t: int, key: str) -> Tolerance:
+        return tolerance_for((t, key))
+
+    return for_step
 
 
 def steps_report(port: list[tuple], reference: list[tuple], tolerance_for) -> Report:
@@ -219,7 +224,7 @@ def steps_report(port: list[tuple], reference: list[tuple], tolerance_for) -> Re
     `tolerance_for(t, key)` (key "loss" for the loss) gives each row's bound, or a Tolerance
     for all."""
     if isinstance(tolerance_for, Tolerance):
-        tolerance_for = _tolerance_for(tolerance_for, {})
+        tolerance_for = _everywhere(tolerance_for)
     rows = []
     for t, ((p_loss, p_state), (r_loss, r_state)) in enumerate(zip(port, reference), 1):
         label = f"step {t} loss"

@@ -11,8 +11,8 @@ import re
 
 import numpy as np
 
-from models.state_dict import to_numpy
 from parity.compare import FLOAT32, compare, compare_to_reference
+from parity.state_dict import to_numpy
 
 VARIANTS = ("mlp_t", "att", "learned", "hrm", "singlez", "hier6", "baseline")
 

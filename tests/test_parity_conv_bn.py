@@ -88,7 +88,7 @@ def test_stock_batchnorm_map_uses_the_rules():
     module, _ = torch_conv_bn()
     km = build_keymap(describe_torch(module), nnx_conv_stock_bn(module))
     assert km.complete and km.dropped == ["bn1.num_batches_tracked", "bn2.num_batches_tracked"]
-    layouts = {e.torch_key: (".".join(map(str, e.nnx_path)), e.layout) for e in km.entries}
+    layouts = {e.torch_key: (".".join(map(str, e.nnx_path)), e.layout.name) for e in km.entries}
     assert layouts["conv1.weight"] == ("conv1.kernel", "conv")
     assert layouts["bn1.running_var"] == ("bn1.var", "same")
     assert layouts["bn1.weight"] == ("bn1.scale", "same")

@@ -373,6 +373,43 @@ def test_format_report_on_a_passing_run_names_no_module():
     assert text.endswith("every compared tensor agrees (5 rows)")  # 2 weights, 1 output, 2 grads
 
 
+# ------------------------------------------------------------------------------ channels-last
+
+
+def test_a_channels_last_port_is_compared_in_torch_layout(x64):
+    """Stock nnx.GroupNorm / nnx.Conv inside a port on NHWC: every module's output is compared
+    after moving its channel axis back (float64, with gradients), and a note lists those calls."""
+    from tests import parity_upblock as up
+
+    report = diff_cli.diff(up.torch_up, up.nnx_up, dtype="float64", grads=True)
+    text = format_report(report)
+    assert report.passed, text
+    assert [r.module for r in report.section("outputs")] == ["norm", "up", "conv", "skip", ""]
+    assert "4 port calls return channels-last tensors" in text and ": norm, up, conv, skip" in text
+
+
+def test_a_wrong_channels_last_module_is_named(x64):
+    """The permutation changes no value: GroupNorm with flax's epsilon is named, inputs agreeing."""
+    from tests import parity_upblock as up
+
+    report = diff_cli.diff(up.torch_up, up.nnx_up_flax_eps, dtype="float64")
+    module, row = report.first_divergent()
+    assert module == "norm" and row.inputs_agree is True, format_report(report)
+
+
+def test_channels_equal_to_spatial_sizes_are_named_as_the_likely_cause(x64):
+    """8 channels on an 8 x 8 map: the norm's NHWC input and output have torch's NCHW shapes, so
+    they are compared as they are and fail (the name moves up to the root, whose inputs agree);
+    the note names norm and says its output agrees read as channels-last."""
+    from tests import parity_upblock as up
+
+    report = diff_cli.diff(up.torch_up_square, up.nnx_up, dtype="float64")
+    text = format_report(report)
+    failed = [r.module for r in report.rows if r.passed is False]
+    assert failed == ["norm"] and report.first_divergent()[0] == "", text
+    assert "note: norm: its output agrees read as channels-last" in text
+
+
 # ------------------------------------------------------------------- this repository's ports
 
 

@@ -11,11 +11,11 @@ Orbax barriers and multihost_utils need the distributed client even where collec
 
 from __future__ import annotations
 
-import glob
-import importlib.util
 import os
 
 import jax
+
+from parity.backend import quiet_tpu_probe  # noqa: F401 (re-exported for the entry points)
 
 
 def initialize() -> None:
@@ -28,18 +28,3 @@ def initialize() -> None:
         )
     elif os.environ.get("TRAIN_DISTRIBUTED") == "1":
         jax.distributed.initialize()  # Cloud TPU / SLURM / GKE auto-detection
-
-
-def quiet_tpu_probe(environ=os.environ) -> str | None:
-    """JAX_PLATFORMS=cpu when libtpu is installed (`make test` installs it) but this machine has
-    neither a TPU nor an NVIDIA GPU: otherwise every run starts with libtpu's probe errors. Left
-    alone when JAX_PLATFORMS is set. Every command-line entry point calls it before JAX starts a
-    backend (train.main, train.evaluate, train.sample, train.export). -> the value set, or None."""
-    if "JAX_PLATFORMS" in environ or importlib.util.find_spec("libtpu") is None:
-        return None
-    accelerators = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*")
-    if any(glob.glob(pattern) for pattern in accelerators):
-        return None
-    environ["JAX_PLATFORMS"] = "cpu"  # for child processes
-    jax.config.update("jax_platforms", "cpu")  # jax read the variable when it was imported
-    return "cpu"

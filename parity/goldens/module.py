@@ -25,10 +25,11 @@ import numpy as np
 from parity.capture import Call, capture_nnx
 from parity.check import Report, compare_calls, compare_named
 from parity.compare import FLOAT32, FLOAT64, Tolerance
+from parity.envelope import widened
 from parity.goldens.common import load_npz, save_npz, write_manifest
 from parity.keymap import TorchKey, build_keymap
 from parity.steps import (
-    _tolerance_for,
+    by_step,
     nnx_steps,
     optimizer_from_json,
     optimizer_to_json,
@@ -115,14 +116,14 @@ def _run_reference(module, args, optimizer, steps, seed, envelope_seeds):
         return cap, history, {}
     calls = envelope(cap, [capture_torch(m, args, grads=True, seed=seed) for m, _ in runs])
     moved = [torch_steps(m, args, optimizer, steps, seed=seed) for _, m in runs] if steps else []
-    by_step = _steps_envelope(history, moved)
+    step_moves = _steps_envelope(history, moved)
     return (
         cap,
         history,
         {
             "calls": [calls[c.key] for c in cap.calls],
             "grads": {k: calls[k] for k in cap.grads},
-            "steps": {f"{t}/{k}": v for (t, k), v in by_step.items()},
+            "steps": {f"{t}/{k}": v for (t, k), v in step_moves.items()},
         },
     )
 
@@ -194,13 +195,13 @@ def check(
     reference = _calls(section, arrays)
     env = section.get("envelope", {})
     by_call = {c.key: v for c, v in zip(reference, env.get("calls", []))}
-    rows, notes = compare_calls(mine.calls, reference, _widened(tol, by_call))
+    rows, notes = compare_calls(mine.calls, reference, widened(tol, by_call))
     buffers = {tk.key for tk in described if not tk.parameter}
     state = {k: v for k, v in _under(arrays, "state/").items() if k in buffers}
     rows += compare_named("state", km.to_torch(mine.state), state, lambda _: tol)
     grads = {tk.key: arrays[f"grads/{tk.key}"] for tk in described if f"grads/{tk.key}" in arrays}
     rows += compare_named(
-        "grads", km.to_torch(mine.grads), grads, _widened(tol, env.get("grads", {}))
+        "grads", km.to_torch(mine.grads), grads, widened(tol, env.get("grads", {}))
     )
     if section["steps"]:
         km.load(port, weights)
@@ -212,28 +213,14 @@ def check(
         ]
         reference = [(loss, {k: v for k, v in s.items() if k != "loss"}) for loss, s in reference]
         ported = [(np.asarray(loss), km.to_torch(s)) for loss, s in history]
-        by_step = {tuple(_step_key(k)): v for k, v in env.get("steps", {}).items()}
-        rows += steps_report(ported, reference, _tolerance_for(tol, by_step)).rows
+        env_steps = {_step_key(k): v for k, v in env.get("steps", {}).items()}
+        rows += steps_report(ported, reference, by_step(widened(tol, env_steps))).rows
     return Report(rows, notes)
 
 
 def _step_key(k: str) -> tuple[int, str]:
     t, _, key = k.partition("/")
     return int(t), key
-
-
-def _widened(tol: Tolerance, env: dict):
-    """tolerance_for: `tol`, or ENVELOPE_FACTOR x the stored envelope where that is wider."""
-    from parity.check import envelope_tolerance
-    from parity.envelope import ENVELOPE_FACTOR
-
-    def tolerance_for(key) -> Tolerance:
-        if key not in env:
-            return tol
-        bound = envelope_tolerance(env[key], ENVELOPE_FACTOR, floor=tol.rtol)
-        return bound if bound.rtol > tol.rtol else tol
-
-    return tolerance_for
 
 
 def _args(section: dict, arrays: dict, jnp) -> tuple:

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from parity.envelope import perturb_one_ulp_
+from parity.envelope import move, perturb_one_ulp_
 from parity.goldens.common import git_commit, save_npz, upstream_on_path, write_manifest
 
 FORWARD_CONFIGS = {
@@ -298,13 +298,6 @@ def _train(src: Path, dtype: str, perturb: int | None = None) -> dict:
     return arrays
 
 
-def _scale_rel(a, e) -> float:
-    """max|a - e| / max|e| (as parity.envelope measures a move)."""
-    a, e = (np.asarray(v, dtype=np.float64) for v in (a, e))
-    scale = float(np.abs(e).max())
-    return float(np.abs(a - e).max()) / scale if scale > 0 else float(np.abs(a - e).max())
-
-
 def _envelope(reference: dict, perturbed: list[dict]) -> np.ndarray:
     """Per step: the largest scale-relative move, over the perturbed runs, of the loss, the
     gradient norm and every parameter (parity/envelope.py's measure, from upstream's own run)."""
@@ -317,7 +310,7 @@ def _envelope(reference: dict, perturbed: list[dict]) -> np.ndarray:
             pairs.append((run["grad_norm"][k], reference["grad_norm"][k]))
             prefix = f"step{k + 1}/"
             pairs += [(v, reference[name]) for name, v in run.items() if name.startswith(prefix)]
-            out[k] = max(out[k], *(_scale_rel(a, e) for a, e in pairs))
+            out[k] = max(out[k], *(move(a, e) for a, e in pairs))
     return out
 
 

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from parity.envelope import move
 from parity.goldens import trm_data
 from parity.goldens.common import git_commit, save_npz, upstream_on_path, write_manifest
 
@@ -323,13 +324,6 @@ def gradients(head, config: dict) -> tuple[dict, dict]:
     return {k: _np(v) for k, v in exact.items()}, {k: _np(v) for k, v in floats.items()}
 
 
-def _scale_rel(a, e) -> float:
-    a, e = np.asarray(a, np.float64), np.asarray(e, np.float64)
-    scale = float(np.max(np.abs(e))) if e.size else 0.0
-    diff = float(np.max(np.abs(a - e))) if e.size else 0.0
-    return diff / scale if scale > 0 else diff
-
-
 def envelope(reference: list[tuple[dict, dict]], runs: list[list[tuple[dict, dict]]]) -> np.ndarray:
     """Per step: the largest scale-relative move of any float tensor over the perturbed runs. A run
     whose integer state differs from the reference means one ulp flipped a decision: an error."""
@@ -342,7 +336,7 @@ def envelope(reference: list[tuple[dict, dict]], runs: list[list[tuple[dict, dic
                         f"step {i + 1}: one float32 ulp of the weights changed {k!r}; the rollout "
                         "sits on a tie: change SEED or Q_BIAS"
                     )
-            env[i] = max([env[i]] + [_scale_rel(fl_p[k], v) for k, v in fl_r.items()])
+            env[i] = max([env[i]] + [move(fl_p[k], v) for k, v in fl_r.items()])
     return env
 
 

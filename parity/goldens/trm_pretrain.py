@@ -149,10 +149,3 @@ def _floats(tree):
     if isinstance(tree, dict):
         return {str(k): _floats(v) for k, v in tree.items()}
     return float(tree)
-
-
-def record_wandb(pt: types.ModuleType) -> WandbRecorder:
-    """Route the loaded pretrain module's wandb calls through a WandbRecorder; return it."""
-    rec = WandbRecorder(pt.wandb if not isinstance(pt.wandb, WandbRecorder) else pt.wandb._real)
-    pt.wandb = rec
-    return rec

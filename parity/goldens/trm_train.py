@@ -59,6 +59,7 @@ from pathlib import Path
 
 import numpy as np
 
+from parity.envelope import move
 from parity.goldens.common import git_commit, save_npz, write_manifest
 from parity.goldens.trm import perturb_f32_ulp, recorded_draws
 
@@ -259,13 +260,6 @@ def run_evaluate(pt, config, ts_eval, loader) -> dict:
     return {f"{s}.{k}": np.float64(v) for s, m in out.items() for k, v in m.items()}
 
 
-def _scale_rel(a, e) -> float:
-    a, e = np.asarray(a, np.float64), np.asarray(e, np.float64)
-    scale = float(np.max(np.abs(e))) if e.size else 0.0
-    diff = float(np.max(np.abs(a - e))) if e.size else 0.0
-    return diff / scale if scale > 0 else diff
-
-
 def _check_exact(what: str, a: dict, e: dict) -> None:
     for k, v in e.items():
         if not np.array_equal(a[k], v):
@@ -276,7 +270,7 @@ def _check_exact(what: str, a: dict, e: dict) -> None:
 
 
 def _max_move(a: dict, e: dict) -> float:
-    return max(_scale_rel(a[k], v) for k, v in e.items())
+    return max(move(a[k], v) for k, v in e.items())
 
 
 def generate_variant(pt, imp, trm_src: Path, variant: str, out: Path) -> dict:

@@ -1,0 +1,301 @@
+"""Flax NNX ports of modules of real models no one here wrote, for tests/test_parity_zoo.py: T5's
+block (transformers), SAM's image-encoder block and its mask decoder's upscaling path
+(segment-anything), EnCodec's two-layer LSTM (transformers). Written from reading the installed
+packages' sources; attribute names mirror theirs so the key map fills every variable by rule.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from parity import layers
+from parity.keymap import To, register_rule
+
+# T5's norm is an RMSNorm (no mean, no bias): its weight is flax's scale. SAM's LayerNorm2d
+# normalises the channels of NCHW maps: nnx.LayerNorm over axis 1 holds the same scale and bias.
+register_rule("T5LayerNorm", {"weight": To("scale")})
+register_rule("LayerNorm2d", {"weight": To("scale")})
+
+
+# ------------------------------------------------------------------------------------------- T5
+
+
+class T5LayerNorm(nnx.RMSNorm):
+    """transformers' T5LayerNorm: x * rsqrt(mean(x^2) + eps) * weight, the mean of squares taken
+    in float32 whatever the input's dtype (so a float64 run is float32-accurate there, as
+    torch's). `float32_variance=False` is flax's RMSNorm as it is (wrong on purpose)."""
+
+    def __init__(self, dim, eps=1e-6, *, float32_variance=True, param_dtype, rngs):
+        super().__init__(dim, epsilon=eps, param_dtype=param_dtype, rngs=rngs)
+        self.float32_variance = float32_variance
+
+    def __call__(self, x):
+        if not self.float32_variance:
+            return super().__call__(x)
+        variance = jnp.mean(jnp.square(x.astype(jnp.float32)), axis=-1, keepdims=True)
+        return self.scale[...] * (x * jax.lax.rsqrt(variance + self.epsilon))
+
+
+def relative_position_bucket(t: int, s: int, bidirectional: bool, buckets: int, max_distance: int):
+    """T5's bucket of each (query, key) offset, as numpy integers (shapes are static): half the
+    buckets exact offsets, the rest logarithmic up to max_distance; the log in float32 as
+    torch's `.float()`."""
+    rel = np.arange(s)[None, :] - np.arange(t)[:, None]
+    out = np.zeros_like(rel)
+    if bidirectional:
+        buckets //= 2
+        out += (rel > 0) * buckets
+        rel = np.abs(rel)
+    else:
+        rel = -np.minimum(rel, 0)
+    exact = buckets // 2
+    with np.errstate(divide="ignore", invalid="ignore"):  # log(0): those take the exact bucket
+        scaled = np.log(rel.astype(np.float32) / np.float32(exact)) / np.float32(
+            math.log(max_distance / exact)
+        )
+    large = exact + (scaled * np.float32(buckets - exact)).astype(np.int64)
+    large = np.minimum(large, buckets - 1)
+    return out + np.where(rel < exact, rel, large)
+
+
+class T5Attention(nnx.Module):
+    def __init__(self, cfg, has_relative_attention_bias, *, param_dtype, rngs):
+        dt = dict(use_bias=False, param_dtype=param_dtype, rngs=rngs)
+        inner = cfg.num_heads * cfg.d_kv
+        self.n_heads, self.d_kv = cfg.num_heads, cfg.d_kv
+        self.buckets, self.max_distance = (
+            cfg.relative_attention_num_buckets,
+            cfg.relative_attention_max_distance,
+        )
+        self.q = nnx.Linear(cfg.d_model, inner, **dt)
+        self.k = nnx.Linear(cfg.d_model, inner, **dt)
+        self.v = nnx.Linear(cfg.d_model, inner, **dt)
+        self.o = nnx.Linear(inner, cfg.d_model, **dt)
+        self.relative_attention_bias = (
+            nnx.Embed(self.buckets, self.n_heads, param_dtype=param_dtype, rngs=rngs)
+            if has_relative_attention_bias
+            else None
+        )
+
+    def compute_bias(self, t: int, s: int):
+        bucket = relative_position_bucket(t, s, True, self.buckets, self.max_distance)
+        values = self.relative_attention_bias(jnp.asarray(bucket))  # (t, s, heads)
+        return jnp.transpose(values, (2, 0, 1))[None]
+
+    def __call__(self, x, mask=None, position_bias=None):
+        b, t, _ = x.shape
+
+        def heads(y):
+            return y.reshape(b, t, self.n_heads, self.d_kv).transpose(0, 2, 1, 3)
+
+        q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))
+        if position_bias is None:
+            position_bias = self.compute_bias(t, t)
+        scores = q @ jnp.swapaxes(k, -1, -2) + position_bias  # T5 does not scale by 1/sqrt(d)
+        if mask is not None:
+            scores = scores + mask
+        weights = jax.nn.softmax(scores, axis=-1)
+        out = (weights @ v).transpose(0, 2, 1, 3).reshape(b, t, -1)
+        return self.o(out), position_bias, weights
+
+
+class T5LayerSelfAttention(nnx.Module):
+    def __init__(self, cfg, has_relative_attention_bias, *, norm, param_dtype, rngs):
+        self.SelfAttention = T5Attention(
+            cfg, has_relative_attention_bias, param_dtype=param_dtype, rngs=rngs
+        )
+        self.layer_norm = T5LayerNorm(cfg.d_model, cfg.layer_norm_epsilon, **norm)
+        self.dropout = nnx.Dropout(cfg.dropout_rate, rngs=rngs)
+
+    def __call__(self, x, attention_mask=None, position_bias=None):
+        out, position_bias, weights = self.SelfAttention(
+            self.layer_norm(x), mask=attention_mask, position_bias=position_bias
+        )
+        return x + self.dropout(out), position_bias, weights
+
+
+class T5DenseGatedActDense(nnx.Module):
+    def __init__(self, cfg, *, tanh_gelu=True, param_dtype, rngs):
+        dt = dict(use_bias=False, param_dtype=param_dtype, rngs=rngs)
+        self.tanh_gelu = tanh_gelu
+        self.wi_0 = nnx.Linear(cfg.d_model, cfg.d_ff, **dt)
+        self.wi_1 = nnx.Linear(cfg.d_model, cfg.d_ff, **dt)
+        self.wo = nnx.Linear(cfg.d_ff, cfg.d_model, **dt)
+        self.dropout = nnx.Dropout(cfg.dropout_rate, rngs=rngs)
+
+    def __call__(self, x):
+        # "gated-gelu" is transformers' gelu_new: the tanh form
+        gelu = jax.nn.gelu(self.wi_0(x), approximate=self.tanh_gelu)
+        return self.wo(self.dropout(gelu * self.wi_1(x)))
+
+
+class T5LayerFF(nnx.Module):
+    def __init__(self, cfg, *, norm, tanh_gelu, param_dtype, rngs):
+        self.DenseReluDense = T5DenseGatedActDense(
+            cfg, tanh_gelu=tanh_gelu, param_dtype=param_dtype, rngs=rngs
+        )
+        self.layer_norm = T5LayerNorm(cfg.d_model, cfg.layer_norm_epsilon, **norm)
+        self.dropout = nnx.Dropout(cfg.dropout_rate, rngs=rngs)
+
+    def __call__(self, x):
+        return x + self.dropout(self.DenseReluDense(self.layer_norm(x)))
+
+
+class T5Block(nnx.Module):
+    """An encoder block: self-attention with T5's relative position bias, then the gated
+    feed-forward; returns (hidden_states, position_bias, None) as transformers' block does."""
+
+    def __init__(self, cfg, *, float32_variance=True, tanh_gelu=True, param_dtype="float32", rngs):
+        norm = dict(float32_variance=float32_variance, param_dtype=param_dtype, rngs=rngs)
+        self.layer = nnx.List(
+            [
+                T5LayerSelfAttention(
+                    cfg, True, norm=norm, param_dtype=param_dtype, rngs=rngs
+                ),
+                T5LayerFF(cfg, norm=norm, tanh_gelu=tanh_gelu, param_dtype=param_dtype, rngs=rngs),
+            ]
+        )  # fmt: skip
+
+    def __call__(self, hidden_states, attention_mask=None):
+        hidden_states, position_bias, _ = self.layer[0](hidden_states, attention_mask)
+        return self.layer[1](hidden_states), position_bias, None
+
+
+# ------------------------------------------------------------------------------------------ SAM
+
+
+def _rel_pos_index(q_size: int, k_size: int) -> np.ndarray:
+    """SAM's get_rel_pos indices for equal sizes (a window): q - k + (k - 1)."""
+    return np.arange(q_size)[:, None] - np.arange(k_size)[None, :] + (k_size - 1)
+
+
+class SamAttention(nnx.Module):
+    def __init__(self, dim, num_heads, window, *, swap_rel_pos=False, param_dtype, rngs):
+        dt = dict(param_dtype=param_dtype, rngs=rngs)
+        self.num_heads, self.scale = num_heads, (dim // num_heads) ** -0.5
+        self.qkv = nnx.Linear(dim, 3 * dim, **dt)
+        self.proj = nnx.Linear(dim, dim, **dt)
+        head_dim = dim // num_heads
+        self.rel_pos_h = nnx.Param(jnp.zeros((2 * window - 1, head_dim), param_dtype))
+        self.rel_pos_w = nnx.Param(jnp.zeros((2 * window - 1, head_dim), param_dtype))
+        self.swap_rel_pos = swap_rel_pos
+
+    def __call__(self, x):
+        b, h, w, _ = x.shape
+        qkv = self.qkv(x).reshape(b, h * w, 3, self.num_heads, -1).transpose(2, 0, 3, 1, 4)
+        q, k, v = qkv.reshape(3, b * self.num_heads, h * w, -1)
+        attn = (q * self.scale) @ jnp.swapaxes(k, -1, -2)
+        rh = self.rel_pos_h[...][_rel_pos_index(h, h)]  # (h, h, head_dim)
+        rw = self.rel_pos_w[...][_rel_pos_index(w, w)]
+        if self.swap_rel_pos:  # wrong on purpose: the height table along the width
+            rh, rw = rw, rh
+        r_q = q.reshape(-1, h, w, q.shape[-1])
+        rel_h = jnp.einsum("bhwc,hkc->bhwk", r_q, rh)
+        rel_w = jnp.einsum("bhwc,wkc->bhwk", r_q, rw)
+        attn = attn.reshape(-1, h, w, h, w) + rel_h[:, :, :, :, None] + rel_w[:, :, :, None, :]
+        attn = jax.nn.softmax(attn.reshape(-1, h * w, h * w), axis=-1)
+        out = (attn @ v).reshape(b, self.num_heads, h, w, -1).transpose(0, 2, 3, 1, 4)
+        return self.proj(out.reshape(b, h, w, -1))
+
+
+class MLPBlock(nnx.Module):
+    def __init__(self, dim, mlp_dim, *, param_dtype, rngs):
+        self.lin1 = nnx.Linear(dim, mlp_dim, param_dtype=param_dtype, rngs=rngs)
+        self.lin2 = nnx.Linear(mlp_dim, dim, param_dtype=param_dtype, rngs=rngs)
+
+    def __call__(self, x):
+        return self.lin2(jax.nn.gelu(self.lin1(x), approximate=False))  # nn.GELU: erf
+
+
+def window_partition(x, window: int):
+    b, h, w, c = x.shape
+    ph, pw = (window - h % window) % window, (window - w % window) % window
+    x = jnp.pad(x, ((0, 0), (0, ph), (0, pw), (0, 0)))  # zeros take part in the attention
+    hp, wp = h + ph, w + pw
+    x = x.reshape(b, hp // window, window, wp // window, window, c).transpose(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, window, window, c), (hp, wp)
+
+
+def window_unpartition(windows, window: int, pad_hw, hw):
+    (hp, wp), (h, w) = pad_hw, hw
+    b = windows.shape[0] // (hp * wp // window // window)
+    x = windows.reshape(b, hp // window, wp // window, window, window, -1)
+    return x.transpose(0, 1, 3, 2, 4, 5).reshape(b, hp, wp, -1)[:, :h, :w]
+
+
+class SamBlock(nnx.Module):
+    """segment-anything's image-encoder Block with windowed attention and decomposed relative
+    positions (channels-last (B, H, W, C) in and out, as SAM's)."""
+
+    def __init__(self, dim, num_heads, window, mlp_ratio=4.0, *, swap_rel_pos=False, param_dtype="float32", rngs):  # fmt: skip
+        norm = dict(epsilon=1e-6, use_fast_variance=False, param_dtype=param_dtype, rngs=rngs)
+        self.norm1 = nnx.LayerNorm(dim, **norm)
+        self.attn = SamAttention(
+            dim, num_heads, window, swap_rel_pos=swap_rel_pos, param_dtype=param_dtype, rngs=rngs
+        )
+        self.norm2 = nnx.LayerNorm(dim, **norm)
+        self.mlp = MLPBlock(dim, int(dim * mlp_ratio), param_dtype=param_dtype, rngs=rngs)
+        self.window_size = window
+
+    def __call__(self, x):
+        shortcut = x
+        x = self.norm1(x)
+        h, w = x.shape[1], x.shape[2]
+        x, pad_hw = window_partition(x, self.window_size)
+        x = window_unpartition(self.attn(x), self.window_size, pad_hw, (h, w))
+        x = shortcut + x
+        return x + self.mlp(self.norm2(x))
+
+
+class GELU(nnx.Module):
+    """nn.GELU() (erf) as a module, so the ports' list indices are torch's Sequential's."""
+
+    def __call__(self, x):
+        return jax.nn.gelu(x, approximate=False)
+
+
+class Upscaling(nnx.Module):
+    """SAM MaskDecoder's output_upscaling: ConvTranspose2d(D, D/4, 2, 2), LayerNorm2d, GELU,
+    ConvTranspose2d(D/4, D/8, 2, 2), GELU, on NCHW maps. LayerNorm2d is nnx.LayerNorm over the
+    channel axis with SAM's eps 1e-6 (`eps=1e-5`, nn.LayerNorm's default: wrong on purpose)."""
+
+    def __init__(self, dim, *, eps=1e-6, param_dtype="float32", rngs):
+        dt = dict(param_dtype=param_dtype, rngs=rngs)
+        up = dict(kernel_size=2, stride=2, channels_first=True, **dt)
+        norm = nnx.LayerNorm(
+            dim // 4, epsilon=eps, reduction_axes=1, feature_axes=1, use_fast_variance=False, **dt
+        )
+        self.output_upscaling = nnx.List(
+            [
+                layers.conv_transpose(dim, dim // 4, **up),
+                norm,
+                GELU(),
+                layers.conv_transpose(dim // 4, dim // 8, **up),
+                GELU(),
+            ]
+        )
+
+    def __call__(self, x_bchw):
+        for layer in self.output_upscaling:
+            x_bchw = layer(x_bchw)
+        return x_bchw
+
+
+# -------------------------------------------------------------------------------------- EnCodec
+
+
+class EncodecLSTM(nnx.Module):
+    """transformers' EncodecLSTM: a multi-layer, time-major LSTM on (B, C, T) maps with a
+    residual. `gate_order`: the LSTMCell gates loaded in another order (wrong on purpose)."""
+
+    def __init__(self, dim, num_layers, *, param_dtype="float32", rngs):
+        self.lstm = layers.LSTM(dim, dim, num_layers, param_dtype=param_dtype, rngs=rngs)
+
+    def __call__(self, x_bct):
+        x_tbc = jnp.transpose(x_bct, (2, 0, 1))
+        return jnp.transpose(self.lstm(x_tbc)[0] + x_tbc, (1, 2, 0))
