@@ -1,6 +1,7 @@
-"""`python -m bench [...]` (step-time benchmark), `python -m bench ttq [...]` (time to quality) and
-`python -m bench curves [...]` (whole runs against upstream's own code) and `python -m bench gpu [...]`
-(one GPU session's whole plan, time-boxed)."""
+"""`python -m bench [...]` (step-time benchmark), `python -m bench ttq [...]` (time to quality),
+`python -m bench curves [...]` (whole runs against upstream's own code), `python -m bench ttsc
+[...]` (a trained TRM's test-time scaling) and `python -m bench gpu [...]` (one GPU session's
+whole plan, time-boxed)."""
 
 import sys
 
@@ -11,6 +12,10 @@ def _main() -> None:
         from bench.ttq import main as ttq_main
 
         ttq_main(argv[1:])
+    elif argv and argv[0] == "ttsc":
+        from bench.ttsc import main as ttsc_main
+
+        ttsc_main(argv[1:])
     elif argv and argv[0] == "curves":
         from bench.curves import main as curves_main
 
