@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
+from models.attention import resolve_attention_impl
 from models.trm import TRM, TRMConfig, act_loss
-from models.trm.layers import Attention, resolve_attention_impl, rope_tables
+from models.trm.layers import Attention, rope_tables
 from parity.compare import BFLOAT16, EXACT, FLOAT32, assert_all_close
 from parity.trm_fixtures import tiny_config
 
