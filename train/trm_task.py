@@ -326,13 +326,10 @@ class TRMTask(Task):
             ),
         }
 
-    def train_step(self, state, batch, exploration=None):
-        """`exploration`: the halting exploration draws to use instead of the model's own stream
-        (models.trm.TRM); the trainer never passes it, the golden tests replay upstream's."""
+    def train_step(self, state, batch):
         train_state, carry, sums = train_step(
-            self.graphdef, state["train"], state["carry"], batch, config=self.optim,
-            exploration=exploration,
-        )  # fmt: skip
+            self.graphdef, state["train"], state["carry"], batch, config=self.optim
+        )
         metrics = normalize_metrics(sums, mode="train", global_batch_size=self.batch)
         # float32 scalars whatever the loss dtype (float64 with upstream's stablemax)
         metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
