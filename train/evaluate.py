@@ -18,7 +18,7 @@ with upstream's voting over augmentations). Default: the run's own data set.
 
 TRM numbers are upstream's (a fresh carry per batch, all halt_max_steps ACT steps, no early
 halting, metrics of the last step, summed over the test split and divided by the count), computed
-by the trainer's own evaluation loop (train.trm_task.TRMTask.run_eval), so a run's last logged eval and
+by the trainer's own evaluation loop (train.families.trm.task.TRMTask.run_eval), so a run's last logged eval and
 this tool agree exactly on the same checkpoint, data and batch size. On top: accuracy after every
 ACT step (`per_step`), --extra-steps K more steps past halt_max_steps, --halt (the Q head halts
 rows, as in training), --show N boards with the prediction after each step.
@@ -122,7 +122,7 @@ def show_boards(task, state, data: str, n: int, extra_steps: int = 0):
 
     from data.puzzle_source import PuzzleTestDataset
     from models.trm.eval_step import eval_step
-    from train.show import puzzle_boards
+    from train.families.trm.show import puzzle_boards
 
     ds = PuzzleTestDataset(data, global_batch_size=max(n, 1), process_index=0, process_count=1)
     rows = ds[0]
@@ -262,7 +262,7 @@ def main(argv=None) -> dict:
     boards = report.pop("show", None)
     print(format_table(report))
     if boards:
-        from train.show import render_text
+        from train.families.trm.show import render_text
 
         print()
         print(render_text(boards))
@@ -276,7 +276,7 @@ def main(argv=None) -> dict:
 
 
 def _plot(report: dict, boards, path: str) -> None:
-    from train.show import save_accuracy_plot, save_gif, save_png
+    from train.families.trm.show import save_accuracy_plot, save_gif, save_png
 
     save_accuracy_plot(report["per_step"], report["halt_max_steps"], path, report["source"])
     print(f"wrote {path}")

@@ -310,7 +310,7 @@ def _upstream_trm_config(path: str, state_dict: dict, data: str | None, override
     cfg = _compose(path, base + overrides + ([f"data.path={data}"] if data is not None else []))
     sd = {k.removeprefix("_orig_mod."): v for k, v in state_dict.items()}
     vocab, table = sd.get("model.inner.embed_tokens.embedding_weight"), sd.get(PUZZLE_KEY)
-    from train.trm_task import test_metadata
+    from train.families.trm.task import test_metadata
 
     meta = test_metadata(cfg.data.path)
     with open_dict(cfg.data):

@@ -9,8 +9,8 @@ What nanoGPT's train.py does per iteration, and where it is here:
   (optax.clip_by_global_norm has no 1e-6);
 - optimizer.step()                                   -> `train_step` (nnx.Optimizer.update on the
   merged (model, optimizer): (graphdef, state, batch) -> (state, metrics), as the TRM step).
-nanoGPT's estimate_mfu (6N + 12 L H Q T per token) is train/flops.py's `estimate_mfu`, beside the
-trainer's other FLOP counts.
+nanoGPT's FLOP count (6N + 12 L H Q T per token) is models/gpt/flops.py's, and its estimate_mfu
+train/families/gpt/mfu.py's.
 """
 
 from __future__ import annotations

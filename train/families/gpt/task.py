@@ -29,10 +29,10 @@ from omegaconf import OmegaConf
 from data.shakespeare_char import build as build_shakespeare_char
 from data.text_source import eval_dataset, read_meta, read_token_bin, train_dataset
 from models.gpt import GPT, GPTConfig, from_torch_file, generate, to_torch
+from models.gpt.flops import gpt_flops_per_step
 from models.gpt.train_step import configure_optimizers, lr_schedule, train_step
 from train.config import build_dataclass, check_fields, check_ranges
 from train.errors import ConfigError
-from train.flops import gpt_flops_per_step
 from train.task import Task, build_once, record_in_config
 
 log = logging.getLogger(__name__)

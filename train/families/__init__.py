@@ -11,9 +11,9 @@ from __future__ import annotations
 import jax
 
 from train.errors import ConfigError
-from train.gpt_task import GPTTask
+from train.families.gpt.task import GPTTask
+from train.families.trm.task import TRMTask
 from train.task import Task
-from train.trm_task import TRMTask
 
 FAMILIES: dict[str, type[Task]] = {"gpt": GPTTask, "trm": TRMTask}
 

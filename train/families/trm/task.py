@@ -36,6 +36,7 @@ from data.puzzle_source import PuzzleTestDataset, PuzzleTrainDataset
 from models.state_dict import load_file
 from models.trm import TRM, TRMConfig
 from models.trm.eval_step import eval_step
+from models.trm.flops import trm_flops_per_step
 from models.trm.losses import normalize_metrics
 from models.trm.optim import total_steps as schedule_steps
 from models.trm.params import from_torch, to_torch
@@ -43,7 +44,6 @@ from models.trm.train_step import TRMOptimConfig, ema_model, init_train_state, t
 from train import mesh as mesh_lib
 from train.config import build_dataclass, check_fields, check_ranges
 from train.errors import ConfigError
-from train.flops import trm_flops_per_step
 from train.task import Task, build_once, record_in_config
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,1 @@
+"""nanoGPT on the trainer (docs/architecture.md, "Adding a model family")."""

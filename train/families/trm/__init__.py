@@ -1,0 +1,1 @@
+"""TRM on the trainer (docs/architecture.md, "Adding a model family")."""
