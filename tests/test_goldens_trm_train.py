@@ -3,7 +3,7 @@ by `python -m parity.goldens --trm-src DIR --adam-atan2-src DIR`; parity/goldens
 what upstream ran and what is recorded).
 
 The port is driven as `python -m train.main` drives it: the config composed from upstream's
-all_config.yaml (train.source.upstream_overrides, plus its optimiser keys and epochs), the TRM
+all_config.yaml (train.families.trm.weights.upstream_overrides, plus its optimiser keys and epochs), the TRM
 Task from train.families.make_task on the data set our builder writes (the same bytes upstream
 read: checked), the state from Task.create_state + Task.import_weights of upstream's initial
 state_dict (trainer.init_from), then Task.train_step jitted, fed upstream's batches with upstream's
@@ -89,7 +89,7 @@ def port_config(variant: str, data_dir, out_dir):
     """Our run config for upstream's: upstream_overrides(all_config) (model, batch, EMA, loss) plus
     the optimiser keys and epochs (one upstream iteration: eval_interval is null)."""
     from train.compose import load_config
-    from train.source import upstream_overrides
+    from train.families.trm.weights import upstream_overrides
 
     up = _manifest()["variants"][variant]["config"]
     assert up["eval_interval"] is None and not up["freeze_weights"]
