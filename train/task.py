@@ -166,11 +166,6 @@ class Task:
         GPT sample), every batch of the family's evaluation data through `eval_step`."""
         raise NotImplementedError
 
-    def check_eval_data(self, data_dir: str, trained_on: str | None = None) -> None:
-        """ConfigError (one line naming `--data`, the file and what was expected) unless
-        `data_dir` is a data set this model can be evaluated on (`python -m train.evaluate`)."""
-        raise NotImplementedError
-
     # --- weights in the original code base's format -------------------------------------------
     def import_weights(self, state, path: str):
         """`state` with the model weights of a checkpoint of the original code base (init_from)."""
