@@ -110,7 +110,10 @@ def format_table(report: dict, evaluation) -> str:
 
 
 def _parser(registered: dict) -> argparse.ArgumentParser:
-    docs = [f"{name}: {inspect.getdoc(fam.evaluation)}" for name, fam in registered.items()]
+    docs = [
+        f"{name}: {inspect.getdoc(inspect.getmodule(fam.evaluation))}"
+        for name, fam in registered.items()
+    ]
     p = argparse.ArgumentParser(
         prog="python -m train.evaluate",
         description="\n\n".join([__doc__, *docs]),

@@ -30,7 +30,7 @@ class SampleError(ConfigError):
 
 
 def _parser(samplers: dict) -> argparse.ArgumentParser:
-    docs = [f"{name}: {inspect.getdoc(s)}" for name, s in samplers.items()]
+    docs = [f"{name}: {inspect.getdoc(inspect.getmodule(s))}" for name, s in samplers.items()]
     p = argparse.ArgumentParser(
         prog="python -m train.sample",
         description="\n\n".join([__doc__, *docs]),
