@@ -102,11 +102,11 @@ def _loss_of(metrics: dict) -> float:
 def _jax_attention_impl(mcfg) -> str:
     """What the JAX model's attention runs here in training: explicit | xla | cudnn | none.
 
-    `attention_impl: auto` resolves per backend/dtype/shape at trace time (models' own
-    `resolve_attention_impl`); the record says which path the timed step took."""
-    if getattr(mcfg, "n_head", None):  # GPTConfig
-        from models.gpt.modeling import resolve_attention_impl
+    `attention_impl: auto` resolves per backend/dtype/shape at trace time
+    (models.attention.resolve_attention_impl); the record says which path the timed step took."""
+    from models.attention import resolve_attention_impl
 
+    if getattr(mcfg, "n_head", None):  # GPTConfig
         return resolve_attention_impl(
             mcfg.attention_impl,
             mcfg.compute_dtype,
@@ -116,8 +116,6 @@ def _jax_attention_impl(mcfg) -> str:
     if mcfg.block_mlp_t:
         return "none (mlp_t: token-mixing MLP)"
     import jax.numpy as jnp
-
-    from models.trm.layers import resolve_attention_impl
 
     return resolve_attention_impl(mcfg.attention_impl, jnp.dtype(mcfg.forward_dtype), mcfg.head_dim)
 
@@ -319,25 +317,6 @@ class TorchGPTRunner(_TorchRunner):
 # PyTorch TRM
 
 
-def _trm_config_class():
-    """models.trm.config.TRMConfig without importing the models.trm package (whose __init__
-    pulls in jax/flax): the PyTorch worker then holds torch only, and its RSS is torch's alone."""
-    import importlib.util
-    import os
-    import sys
-
-    name = "_bench_trm_config"
-    if name not in sys.modules:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        spec = importlib.util.spec_from_file_location(
-            name, os.path.join(root, "models", "trm", "config.py")
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name].TRMConfig
-
-
 class TorchTRMRunner(_TorchRunner):
     """Upstream pretrain.py's train_batch on our PyTorch TRM: forward on the persistent carry,
     backward of loss / global_batch, SignSGD on the puzzle rows, AdamATan2, then the EMA."""
@@ -345,6 +324,7 @@ class TorchTRMRunner(_TorchRunner):
     def setup(self) -> dict:
         import torch
 
+        from models.trm.config import TRMConfig
         from parity.trm_torch import ACTLossHead, build_model
         from parity.trm_torch.optim import AdamATan2, EMAHelper, SparseSignSGD, train_batch
 
@@ -352,7 +332,7 @@ class TorchTRMRunner(_TorchRunner):
         torch.manual_seed(self.spec["seed"])
         rc, o = self.cfg, self.cfg["optim"]
         B = rc["batch_size"]
-        model_cfg = _trm_config_class()(**{**rc["model"], "batch_size": B})
+        model_cfg = TRMConfig(**{**rc["model"], "batch_size": B})
         batch = make_batch(rc, self.spec["seed"])
         # upstream builds everything under `with torch.device("cuda")`; so do we (the carry too)
         with torch.device(self.dev):

@@ -16,14 +16,14 @@ from bench.worker import Worker, WorkerError, record_error
 
 
 def flops_per_step(rc: dict) -> int:
-    """Analytic FLOPs of one train step of a resolved config (train/flops.py)."""
+    """Analytic FLOPs of one train step of a resolved config (models/<family>/flops.py)."""
     if rc["family"] == "gpt":
         from models.gpt import GPTConfig
-        from train.flops import gpt_flops_per_step
+        from models.gpt.flops import gpt_flops_per_step
 
         return gpt_flops_per_step(GPTConfig(**rc["model"]), rc["batch_size"])
     from models.trm import TRMConfig
-    from train.flops import trm_flops_per_step
+    from models.trm.flops import trm_flops_per_step
 
     return trm_flops_per_step(
         TRMConfig(**{**rc["model"], "batch_size": rc["batch_size"]}), rc["batch_size"]

@@ -60,7 +60,7 @@ def prepare_data(rc: dict, data_dir: str | None, input_path: str | None) -> str:
             raise SystemExit(
                 f"bench ttq: {path} has no puzzle data and the config names no builder"
             )
-        module = builder if "." in builder else f"data.{builder}"  # as train/trm_task.py
+        module = builder if "." in builder else f"data.{builder}"  # as train/families/trm/task.py
         importlib.import_module(module).main(args + ["--output-dir", path])
     return path
 

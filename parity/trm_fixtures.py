@@ -321,22 +321,22 @@ def jax_grads(model, batch_np, exploration, loss_type="stablemax_cross_entropy")
     from flax import nnx
 
     from models.trm import act_loss
+    from parity.trm_draws import with_draws
 
     model.train()
     batch = to_jax(batch_np)
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    graphdef, params, rest = nnx.split(with_draws(model, exploration), nnx.Param, ...)
     cfg = model.config
     table_dtype = (
         model.inner.puzzle_emb.weights[...].dtype if cfg.puzzle_emb_ndim > 0 else jnp.float32
     )
     delta = jnp.zeros((cfg.batch_size, max(cfg.puzzle_emb_ndim, 1)), table_dtype)
-    expl = tuple(jnp.asarray(e) for e in exploration)
 
     @jax.jit
     def loss_fn(params, delta):
         m = nnx.merge(graphdef, params, rest)
         d = delta if cfg.puzzle_emb_ndim > 0 else None
-        carry, out = m(m.initial_carry(batch), batch, puzzle_emb_delta=d, exploration=expl)
+        carry, out = m(m.initial_carry(batch), batch, puzzle_emb_delta=d)
         loss, _ = act_loss(carry, out, loss_type=loss_type)
         return loss
 
@@ -396,15 +396,20 @@ def torch_rollout(head, config, *, steps: int = 16, train: bool = True, seed: in
 
 def jitted_act_step():
     """One ACT step of the port and its loss head, freshly jitted:
-    (model, carry, batch, exploration) -> (carry, outputs, loss, metrics). Fresh on purpose: a
+    (model, carry, batch, exploration) -> (carry, outputs, loss, metrics); `model` is a
+    parity.trm_draws.GivenDrawsTRM, and `exploration` its draws for this step (None: those it
+    holds; eval mode draws none). Fresh on purpose: a
     cached one would keep a trace of a method the envelope tests monkeypatch."""
     from flax import nnx
 
     from models.trm import act_loss
+    from parity.trm_draws import set_draws
 
     @nnx.jit
     def act_step(model, carry, batch, exploration):
-        carry, out = model(carry, batch, exploration=exploration)
+        if exploration is not None:
+            set_draws(model, exploration)
+        carry, out = model(carry, batch)
         loss, metrics = act_loss(carry, out)
         return carry, out, loss, metrics
 
@@ -417,7 +422,10 @@ def jax_rollout(
     """The same rollout through the port, one jitted step per ACT step, in the torch side's
     layout. `carry_fn(step, carry) -> carry`, if given, edits the carry between steps (the
     envelope tests inject a wrong carry with it)."""
+    from parity.trm_draws import with_draws
+
     model.train() if train else model.eval()
+    model = with_draws(model)
     jstep = jitted_act_step()
     carry = model.initial_carry(to_jax(make_batch(config, seed)))
     out = []

@@ -1,5 +1,5 @@
-"""The import structure: no module of the project imports itself back, and the generic trainer
-names no model family.
+"""The import structure: no module of the project imports itself back, and train/ outside the
+family packages names no model family.
 
 Every module under models/, train/, data/, parity/, launch/ and bench/ is parsed with `ast` (no
 project import runs) and each `import` / `from ... import` statement, at module level or inside a
@@ -156,18 +156,92 @@ def test_no_import_cycles():
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
-# The trainer's generic modules: they reach a model family only through the Task interface
-# (train/task.py), picked by name in train/families.py.
-GENERIC = ("train.trainer", "train.task", "train.config", "train.compose", "train.checkpoint")
-GENERIC += ("train.export", "train.main", "train.nonfinite", "train.metrics")
+# train/ is generic: outside the family packages (train/families/<family>/) no module imports a
+# family's model (a package under models/), a data builder or source (data/), or a torch reference
+# (parity/), and none compares a value with a family's name. What differs per family reaches the
+# commands through the Task contract (train/task.py) and the registry (train/families/__init__.py).
+def _family_packages() -> tuple[str, ...]:
+    """The packages that hold one family each: models/<family>/ and train/families/<family>/."""
+    return tuple(
+        f"{root.replace('/', '.')}.{d.name}"
+        for root in ("models", "train/families")
+        for d in sorted((ROOT / root).iterdir())
+        if d.is_dir() and (d / "__init__.py").exists()
+    )
 
 
-def test_the_generic_trainer_imports_no_model_family():
-    graph = import_graph()
-    family = ("models", "train.trm_task", "train.gpt_task")
+def _family_names() -> set[str]:
+    """The names a config's `task:` takes (train/families/__init__.py's FAMILIES, read with ast)."""
+    tree = ast.parse((ROOT / "train" / "families" / "__init__.py").read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AnnAssign | ast.Assign) and "FAMILIES" in ast.unparse(node):
+            return {k.value for k in node.value.keys}
+    raise AssertionError("train/families/__init__.py defines no FAMILIES")
+
+
+def family_leaks(module: str, source: str, imports: set[str], names: set[str]) -> list[str]:
+    """What makes `module` (its `source` and its project `imports`) not generic."""
+    own = ("train.families.", "models.", "data.", "parity.")
+    family_code = ("data", "parity", *(p for p in _family_packages() if p.startswith("models.")))
+    leaks = [
+        f"imports {t}"
+        for t in sorted(imports)
+        if any(t == f or t.startswith(f + ".") for f in family_code)
+        or (t.startswith("train.families.") and not module.startswith(own))
+    ]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            for operand in [node.left, *node.comparators]:
+                values = operand.elts if isinstance(operand, ast.Tuple | ast.List | ast.Set) else [operand]  # fmt: skip
+                leaks += [
+                    f"line {node.lineno} compares with {v.value!r}"
+                    for v in values
+                    if isinstance(v, ast.Constant) and v.value in names
+                ]
+        elif isinstance(node, ast.Dict) and module != "train.families":  # the registry's FAMILIES
+            leaks += [
+                f"line {node.lineno} keys a dict by {k.value!r}"
+                for k in node.keys
+                if isinstance(k, ast.Constant) and k.value in names
+            ]
+    return leaks
+
+
+def _generic_modules() -> dict[str, pathlib.Path]:
+    family = tuple(p for p in _family_packages() if p.startswith("train."))
+    return {
+        m: p
+        for m, p in _modules().items()
+        if m.startswith("train") and not any(m == f or m.startswith(f + ".") for f in family)
+    }
+
+
+def test_train_is_generic():
+    graph, names = import_graph(), _family_names()
+    assert names == {"gpt", "trm"} and "train.families.trm" in _family_packages()
     leaks = {
-        m: sorted(t for t in graph[m] if t.startswith(family))
-        for m in GENERIC
-        if any(t.startswith(family) for t in graph[m])
+        m: found
+        for m, path in _generic_modules().items()
+        if (found := family_leaks(m, path.read_text(encoding="utf-8"), graph[m], names))
     }
     assert not leaks, leaks
+
+
+def test_the_generic_check_can_fail():
+    """family_leaks finds each kind of leak in a module outside the family packages."""
+    names = {"gpt", "trm"}
+    source = 'if cfg.task == "gpt":\n    pass\nok = task in ("trm",)\nf = {"gpt": 1}[task]\n'
+    imports = {"models.trm.models", "data.puzzle_source", "parity.trm_torch", "models.attention"}
+    imports |= {"train.families.trm.task", "train.families"}
+    leaks = family_leaks("train.evaluate", source, imports, names)
+    assert leaks == [
+        "imports data.puzzle_source",
+        "imports models.trm.models",
+        "imports parity.trm_torch",
+        "imports train.families.trm.task",
+        "line 1 compares with 'gpt'",
+        "line 3 compares with 'trm'",
+        "line 4 keys a dict by 'gpt'",
+    ], leaks
+    assert "train.evaluate" in _generic_modules() and "train.families" in _generic_modules()
+    assert "train.families.gpt.task" not in _generic_modules()

@@ -14,8 +14,9 @@ from bench.machine import gpu_names
 from bench.peak import resolve_peak_flops
 from bench.stats import paired_ratios, summarize
 from models.gpt import GPTConfig
+from models.gpt.flops import gpt_flops_per_token
 from models.trm import TRMConfig
-from train.flops import gpt_flops_per_token, trm_flops_per_step
+from models.trm.flops import trm_flops_per_step
 
 # --------------------------------------------------------------------------------------------
 # Peak FLOP/s (the counts themselves: tests/test_flops.py)

@@ -3,7 +3,7 @@
 - upstream_trm_overrides: the upstream side of `trm_sudoku_cpu` gets our composed settings. Proven
   against upstream's own config schema: every key it sets exists in an all_config.yaml that
   upstream's pretrain.py wrote (tests/goldens/trm_train/), and reading the result back through
-  train.source.upstream_overrides (the way `train.evaluate` reads an upstream run) gives our model,
+  train.families.trm.weights.upstream_overrides (the way `train.evaluate` reads an upstream run) gives our model,
   loss, batch and EMA settings again; the optimiser and schedule keys carry our values.
 - upstream_sources: each checkout is recognised by its files; anything else is one line naming it.
 - summarise: "within spread" is the JAX mean inside upstream's [min, max] at the same step, and
@@ -19,7 +19,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from bench.curves import CURVES, summarise, trainer_config, upstream_sources, upstream_trm_overrides
-from train.source import upstream_overrides
+from train.families.trm.weights import upstream_overrides
 
 ALL_CONFIG = Path(__file__).parent / "goldens/trm_train/trm_train_mlp_t_checkpoint/all_config.yaml"
 

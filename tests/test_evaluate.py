@@ -19,9 +19,9 @@ from tests.helpers import build_tiny_sudoku, tiny_trm_overrides
 from train.compose import load_config
 from train.errors import ConfigError
 from train.evaluate import evaluate, main
+from train.families.trm.weights import upstream_overrides
 from train.mesh import make_mesh
 from train.metrics import read_jsonl
-from train.source import upstream_overrides
 from train.trainer import train
 
 FLOAT32_LOSS = ["optim.loss_dtype=float32"]  # no process-wide x64 switch in this worker

@@ -1,13 +1,17 @@
-"""train/flops.py, the one FLOP counter (trainer MFU, AOT report, benchmarks): counts pinned to
-nanoGPT's published per-token cost and to hand-worked TRM, HRM and baseline steps; peak presets."""
+"""The FLOP counts (models/gpt/flops.py, models/trm/flops.py: trainer MFU, AOT report, benchmarks)
+pinned to nanoGPT's published per-token cost and to hand-worked TRM, HRM and baseline steps; the
+peak presets (train/flops.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from models.gpt import GPTConfig
+from models.gpt import flops as gpt_flops
 from models.trm import TRMConfig
+from models.trm import flops as trm_flops
 from train import flops
+from train.families.gpt.mfu import estimate_mfu
 
 # --------------------------------------------------------------------------------------------
 # GPT: nanoGPT's 6N + 12LHQT per token, T = block_size
@@ -17,14 +21,14 @@ def test_gpt_flops_match_nanogpt_published_counts():
     # N and FLOPs per token of nanoGPT's train config, the HF shape and shakespeare_char, worked
     # out by hand from nanoGPT's get_num_params and estimate_mfu (6N + 12LHQT, T = block_size).
     gpt2 = dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50304, block_size=1024, bias=False)
-    assert flops.gpt_flops_per_token(GPTConfig(**gpt2)) == 854_770_176
+    assert gpt_flops.gpt_flops_per_token(GPTConfig(**gpt2)) == 854_770_176
     hf = dict(gpt2, vocab_size=50257, bias=True)
-    assert flops.gpt_flops_per_token(GPTConfig(**hf)) == 855_166_464
+    assert gpt_flops.gpt_flops_per_token(GPTConfig(**hf)) == 855_166_464
     char = dict(n_embd=384, n_layer=6, n_head=6, vocab_size=65, block_size=256, bias=False)
-    assert flops.gpt_flops_per_token(GPTConfig(**char)) == 70_958_592
+    assert gpt_flops.gpt_flops_per_token(GPTConfig(**char)) == 70_958_592
     # per step: tokens x per-token cost (x accumulation micro-steps)
-    assert flops.gpt_flops_per_step(GPTConfig(**char), batch_size=64) == 70_958_592 * 256 * 64
-    assert flops.gpt_flops_per_step(GPTConfig(**char), 8, 5) == 70_958_592 * 256 * 40
+    assert gpt_flops.gpt_flops_per_step(GPTConfig(**char), batch_size=64) == 70_958_592 * 256 * 64
+    assert gpt_flops.gpt_flops_per_step(GPTConfig(**char), 8, 5) == 70_958_592 * 256 * 40
 
 
 # --------------------------------------------------------------------------------------------
@@ -51,11 +55,11 @@ def test_trm_block_flops_by_hand():
     cfg = TRMConfig(**_SMALL, mlp_t=True, pos_encodings="none")
     # mlp_t block, S=6: token inter = roundup256(round(4*6*2/3)=16) = 256, along the 6 positions
     token = 2 * 8 * 6 * 512 + 2 * 8 * 256 * 6
-    assert flops.trm_block_flops(cfg) == _channel_mlp(6) + token
+    assert trm_flops.trm_block_flops(cfg) == _channel_mlp(6) + token
     att = TRMConfig(**_SMALL, mlp_t=False)
-    assert flops.trm_block_flops(att) == _attention(6) + _channel_mlp(6)
+    assert trm_flops.trm_block_flops(att) == _attention(6) + _channel_mlp(6)
     # step: (H-1)(L+1)nL blocks forward only, (L+1)nL blocks x3, heads x3; batch 3
-    step = flops.trm_flops_breakdown(cfg, batch_size=3)
+    step = trm_flops.trm_flops_breakdown(cfg, batch_size=3)
     blk = _channel_mlp(6) + token
     assert step["block_applications"] == 2 * 4 * 1
     assert step["blocks_no_grad"] == 3 * (1 * 4 * blk)
@@ -63,14 +67,14 @@ def test_trm_block_flops_by_hand():
     assert step["heads"] == 3 * 3 * _HEADS_FWD
     assert step["target_q"] == 0  # no_ACT_continue=True: no second inner call
     assert step["total"] == step["blocks_no_grad"] + step["blocks_grad"] + step["heads"]
-    assert flops.trm_flops_per_step(cfg, 3) == step["total"]
+    assert trm_flops.trm_flops_per_step(cfg, 3) == step["total"]
 
 
 def test_trm_no_act_continue_false_counts_the_target_q_forward():
     cfg = TRMConfig(**_SMALL, mlp_t=True, pos_encodings="none", no_ACT_continue=False)
-    plain = flops.trm_flops_breakdown(TRMConfig(**_SMALL, mlp_t=True, pos_encodings="none"), 2)
-    step = flops.trm_flops_breakdown(cfg, batch_size=2)
-    blk = flops.trm_block_flops(cfg)
+    plain = trm_flops.trm_flops_breakdown(TRMConfig(**_SMALL, mlp_t=True, pos_encodings="none"), 2)
+    step = trm_flops.trm_flops_breakdown(cfg, batch_size=2)
+    blk = trm_flops.trm_block_flops(cfg)
     # the second forward of all 8 block applications, and its q_head (its logits are unused)
     assert step["target_q"] == 2 * (8 * blk + 2 * 8 * 2)
     assert step["total"] == plain["total"] + step["target_q"]
@@ -80,8 +84,8 @@ def test_hrm_step_by_hand():
     cfg = TRMConfig(**_SMALL, arch="hrm", H_layers=2)
     assert cfg.total_len == 5  # HRM's prefix is ceil(ndim / hidden), whatever puzzle_emb_len says
     blk = _attention(5) + _channel_mlp(5)
-    assert flops.trm_block_flops(cfg) == blk
-    step = flops.trm_flops_breakdown(cfg, batch_size=1)
+    assert trm_flops.trm_block_flops(cfg) == blk
+    step = trm_flops.trm_flops_breakdown(cfg, batch_size=1)
     # per cycle 3 L-calls of 1 block + 1 H-call of 2 blocks; only the last L and H call get grads
     assert step["block_applications"] == 2 * (3 * 1 + 2)
     assert step["blocks_no_grad"] == 7 * blk
@@ -95,8 +99,8 @@ def test_baseline_runs_its_h_layers_once_with_gradient():
     # mlp_t is ignored by the baseline: attention blocks
     cfg = TRMConfig(**_SMALL, arch="transformers_baseline", H_layers=2, mlp_t=True)
     blk = _attention(5) + _channel_mlp(5)
-    assert flops.trm_block_flops(cfg) == blk
-    step = flops.trm_flops_breakdown(cfg, batch_size=4)
+    assert trm_flops.trm_block_flops(cfg) == blk
+    step = trm_flops.trm_flops_breakdown(cfg, batch_size=4)
     assert step["block_applications"] == 2
     assert step["blocks_no_grad"] == 0
     assert step["blocks_grad"] == 4 * 3 * 2 * blk
@@ -110,9 +114,9 @@ def test_trm_sudoku_counts():
     # step (H_cycles 3 x (L_cycles 6 + 1) x 2 layers); token MLP width 512 for 97 positions and
     # channel width 1536 for 512 (round(4 * d * 2/3) rounded up to a multiple of 256).
     cfg = TRMConfig(mlp_t=True, pos_encodings="none")
-    step = flops.trm_flops_breakdown(cfg, batch_size=1)
+    step = trm_flops.trm_flops_breakdown(cfg, batch_size=1)
     assert step["block_applications"] == 42
-    assert flops.trm_block_flops(cfg) == 6 * 97 * 512 * 1536 + 6 * 512 * 97 * 512
+    assert trm_flops.trm_block_flops(cfg) == 6 * 97 * 512 * 1536 + 6 * 512 * 97 * 512
 
 
 # --------------------------------------------------------------------------------------------
@@ -135,4 +139,4 @@ def test_cpu_peak_is_measured_once():
     first = flops.peak_flops(cpu)
     assert first > 0 and flops.peak_flops(cpu) == first
     with pytest.raises(KeyError, match="unknown peak_flops preset"):
-        flops.estimate_mfu(GPTConfig(), 1, 1.0, "no such chip")
+        estimate_mfu(GPTConfig(), 1, 1.0, "no such chip")

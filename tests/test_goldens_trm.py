@@ -5,7 +5,7 @@ says what is in them and how they were made).
 The fixtures hold upstream's float32 state_dict as pretrain.py saves it (`_orig_mod.` keys); the
 port loads it through `models.trm.from_torch`, the reference through `load_state_dict`. Then, per
 ACT step of an eval rollout and of a train rollout (a new batch every step; upstream's exploration
-draws replayed through the `exploration=` hook) and for one gradient step:
+draws replayed through parity.trm_draws) and for one gradient step:
 
 - integer state (steps, halted, the rows each slot holds): EXACT;
 - every float tensor (carry, logits, q, loss, metrics, gradients): within ENVELOPE_FACTOR times
@@ -122,9 +122,11 @@ def load_port(variant: str, dtype: str):
 
 def port_rollout(model, steps, *, train: bool) -> list[tuple[dict, dict]]:
     """The port through the fixture's steps, one jitted ACT step + loss head per step."""
+    from parity.trm_draws import with_draws
     from parity.trm_fixtures import jitted_act_step
 
     model.train() if train else model.eval()
+    model = with_draws(model)  # upstream's draws replayed
     jstep = jitted_act_step()
     carry = model.initial_carry(_batch(steps[0][2], jnp.asarray))
     out = []

@@ -3,12 +3,12 @@ by `python -m parity.goldens --trm-src DIR --adam-atan2-src DIR`; parity/goldens
 what upstream ran and what is recorded).
 
 The port is driven as `python -m train.main` drives it: the config composed from upstream's
-all_config.yaml (train.source.upstream_overrides, plus its optimiser keys and epochs), the TRM
+all_config.yaml (train.families.trm.weights.upstream_overrides, plus its optimiser keys and epochs), the TRM
 Task from train.families.make_task on the data set our builder writes (the same bytes upstream
 read: checked), the state from Task.create_state + Task.import_weights of upstream's initial
 state_dict (trainer.init_from), then Task.train_step jitted, fed upstream's batches with upstream's
-exploration draws replayed (`exploration=`). Float32 forward, the float64 stablemax loss (x64), as
-upstream.
+exploration draws replayed (the task's model given them: parity.trm_draws). Float32 forward, the
+float64 stablemax loss (x64), as upstream.
 
 Bounds: integer state (steps, halted, the rows each slot holds, AdamATan2's step count) EXACT;
 every float (lr, train_batch's metrics, the carry, and after 60 steps every parameter, EMA weight,
@@ -36,6 +36,7 @@ from flax import nnx  # noqa: E402
 from parity.compare import EXACT, assert_close, compare  # noqa: E402
 from parity.envelope import Envelope, assert_within_envelope  # noqa: E402
 from parity.goldens.common import load_npz  # noqa: E402
+from parity.trm_draws import state_with_draws, train_state_with_draws  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "goldens" / "trm_train"
 VARIANTS = ("mlp_t", "att")
@@ -88,7 +89,7 @@ def port_config(variant: str, data_dir, out_dir):
     """Our run config for upstream's: upstream_overrides(all_config) (model, batch, EMA, loss) plus
     the optimiser keys and epochs (one upstream iteration: eval_interval is null)."""
     from train.compose import load_config
-    from train.source import upstream_overrides
+    from train.families.trm.weights import upstream_overrides
 
     up = _manifest()["variants"][variant]["config"]
     assert up["eval_interval"] is None and not up["freeze_weights"]
@@ -130,13 +131,17 @@ def _flat(state) -> dict:
 
 def port_run(task, state, steps):
     """Task.train_step (jitted) over upstream's batches and draws; per step (exact, floats) named
-    as the fixture, and the final state."""
+    as the fixture, and the final state. The draws reach the task's model from the outside: its
+    graphdef becomes a parity.trm_draws.GivenDrawsTRM's (same state otherwise)."""
+    task.graphdef, train = train_state_with_draws(task.graphdef, state["train"])
+    state = {**state, "train": train}
     step_fn = jax.jit(task.train_step)
     out = []
     for _, floats_up, inputs in steps:
         batch = {k[len("batch.") :]: jnp.asarray(v) for k, v in inputs.items() if "batch." in k}
-        draws = (jnp.asarray(inputs["explore_u"]), jnp.asarray(inputs["explore_k"]))
-        state, metrics = step_fn(state, batch, draws)
+        draws = (inputs["explore_u"], inputs["explore_k"])
+        state = {**state, "train": state_with_draws(task.graphdef, state["train"], draws)}
+        state, metrics = step_fn(state, batch)
         carry = state["carry"]
         exact = {"steps": carry.steps, "halted": carry.halted}
         exact.update({f"current_data.{k}": v for k, v in carry.current_data.items()})

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from models.attention import cudnn_unsupported
+from models.attention import cudnn_unsupported, resolve_attention_impl
 from models.gpt import GPT, GPTConfig
-from models.gpt.modeling import CausalSelfAttention, resolve_attention_impl
+from models.gpt.modeling import CausalSelfAttention
 from parity.compare import BFLOAT16, EXACT, FLOAT32, FLOAT64, assert_all_close
 
 # Head size 64 (GPT-2's) so the same configuration is valid for cuDNN in the gpu test.

@@ -18,7 +18,8 @@ from data.shakespeare_char import build as build_char  # noqa: E402
 from parity import gpt_torch  # noqa: E402
 from parity.compare import EXACT, assert_close  # noqa: E402
 from tests.helpers import REPO  # noqa: E402
-from train import sample as sample_cli  # noqa: E402
+from train import sample as sample_cmd  # noqa: E402
+from train.families.gpt import sample as sample_cli  # noqa: E402
 
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
 ARCH = dict(block_size=16, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True)
@@ -53,7 +54,7 @@ def char_ckpt(tmp_path_factory):
 def _cli(argv):
     """main() as the command runs it; -> (texts, SystemExit message or None)."""
     try:
-        return sample_cli.main([str(a) for a in argv]), None
+        return sample_cmd.main([str(a) for a in argv]), None
     except SystemExit as e:
         return None, str(e.code)
 
@@ -73,7 +74,7 @@ def test_fixed_seed_continuation_is_reproduced(char_ckpt, capsys):
     assert err is None, err
     assert texts == EXPECTED
     printed = capsys.readouterr().out
-    assert printed == "".join(t + "\n" + sample_cli.SEPARATOR + "\n" for t in EXPECTED)
+    assert printed == "".join(t + "\n" + sample_cmd.SEPARATOR + "\n" for t in EXPECTED)
 
 
 def test_same_seed_same_text_other_seed_other_text(char_ckpt):

@@ -172,7 +172,7 @@ def test_no_checkpoint_restores_prints_nothing_after_its_error(text_dir, tmp_pat
     """Every checkpoint damaged: two damage warnings naming the cause and the one-line error, and
     nothing after it. A failed Orbax restore leaves its other reads pending; finalized later in
     the same process (a notebook, a test session) each printed its TensorStore spec or "Event loop
-    is closed", ~3,000 lines in the test log (train/checkpoint.py _drop_abandoned_reads;
+    is closed", ~3,000 lines in the test log (train/checkpoint.py _abandoned_reads_dropped;
     docs/training.md, "A failed Orbax restore leaves its other reads running"). The command line
     shows the same run as four lines."""
     args, ckpts = _first_run(text_dir, str(tmp_path))

@@ -9,6 +9,7 @@ import numpy as np
 from flax import nnx
 
 from models.trm import TRM, act_loss
+from parity.trm_draws import with_draws
 from parity.trm_fixtures import tiny_config
 
 # parity.trm_fixtures's tiny mlp_t config: 16 rows (per-row draws), at most 8 ACT steps, and no
@@ -70,17 +71,21 @@ def test_exploration_is_drawn_per_row_from_the_model_stream():
     assert not np.array_equal(first, _halt_steps(model, cfg.halt_max_steps))
 
 
-def test_explicit_exploration_draws_are_used_per_row():
+def test_given_exploration_draws_are_used_per_row():
+    """The draws the halting rule reads (`_exploration_draws`, given here through
+    parity.trm_draws) gate each row on its own: a row explores when its uniform draw is below
+    halt_exploration_prob and then halts at its own min_halt draw."""
     cfg = dataclasses.replace(CFG, halt_exploration_prob=0.5)
     model = _model(cfg)
     model.train()
     b = cfg.batch_size
     u = jnp.asarray(np.linspace(0, 0.99, b), jnp.float32)  # rows < 0.5 explore
     k = jnp.asarray(np.arange(b) % 7 + 2, jnp.int32)
+    model = with_draws(model, (u, k))
     carry = model.initial_carry(_batch(0))
     first = np.zeros(b, int)
     for t in range(1, cfg.halt_max_steps + 1):
-        carry, _ = model(carry, _batch(t), exploration=(u, k))
+        carry, _ = model(carry, _batch(t))
         first = np.where((first == 0) & np.asarray(carry.halted), t, first)
     expected = np.where(np.asarray(u) < 0.5, np.asarray(k), 1)
     np.testing.assert_array_equal(first, expected)
@@ -111,14 +116,13 @@ def test_halted_slots_are_refilled_and_reset():
 
 
 def test_carry_is_detached_between_act_steps():
-    model = _model()
+    model = with_draws(_model())  # no row explores
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     batch = _batch(1)
-    expl = (jnp.ones(CFG.batch_size), jnp.full(CFG.batch_size, 2, jnp.int32))
 
     def carry_sum(params):
         m = nnx.merge(graphdef, params, rest)
-        carry, _ = m(m.initial_carry(batch), batch, exploration=expl)
+        carry, _ = m(m.initial_carry(batch), batch)
         return sum(jnp.sum(z) for z in carry.inner_carry.values())
 
     grads = jax.grad(carry_sum)(params)

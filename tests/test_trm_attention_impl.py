@@ -8,9 +8,11 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
+from models.attention import resolve_attention_impl
 from models.trm import TRM, TRMConfig, act_loss
-from models.trm.layers import Attention, resolve_attention_impl, rope_tables
+from models.trm.layers import Attention, rope_tables
 from parity.compare import BFLOAT16, EXACT, FLOAT32, assert_all_close
+from parity.trm_draws import with_draws
 from parity.trm_fixtures import tiny_config
 
 # parity.trm_fixtures's tiny attention config at head_dim 64 (the Sudoku/ARC configs' 512 / 8), so
@@ -41,13 +43,12 @@ def _step(impl, dtype, grads=True, **over):
     the gradient of every parameter. Same weights for every impl (no attention parameters added)."""
     cfg = tiny_config("att", dtype, **{**BASE, **over}, attention_impl=impl)
     model = TRM(cfg, rngs=nnx.Rngs(0))
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    graphdef, params, rest = nnx.split(with_draws(model), nnx.Param, ...)  # no row explores
     batch = _batch(cfg)
-    expl = (jnp.ones((cfg.batch_size,)), jnp.full((cfg.batch_size,), 2, jnp.int32))
 
     def f(params):
         m = nnx.merge(graphdef, params, rest)
-        carry, out = m(m.initial_carry(batch), batch, exploration=expl)
+        carry, out = m(m.initial_carry(batch), batch)
         return act_loss(carry, out, loss_dtype="float32")[0], out
 
     if not grads:

@@ -12,6 +12,7 @@ from jax.extend.core import jaxprs_in_params
 
 from models.trm import TRM, act_loss
 from parity.compare import FLOAT64, assert_all_close
+from parity.trm_draws import with_draws
 from parity.trm_fixtures import tiny_config
 
 
@@ -41,14 +42,13 @@ def _value_and_grads(cfg, batch):
             if isinstance(var, nnx.Variable) and not isinstance(var, nnx.RngState):
                 if jnp.issubdtype(var.get_value().dtype, jnp.floating):
                     var.set_value(var.get_value().astype(jnp.float64))
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    graphdef, params, rest = nnx.split(with_draws(model), nnx.Param, ...)  # no row explores
     delta = jnp.zeros((cfg.batch_size, cfg.puzzle_emb_ndim), cfg.forward_dtype)
-    expl = (jnp.ones((cfg.batch_size,)), jnp.full((cfg.batch_size,), 2, jnp.int32))
 
     @jax.jit
     def f(params, delta):
         m = nnx.merge(graphdef, params, rest)
-        carry, out = m(m.initial_carry(batch), batch, puzzle_emb_delta=delta, exploration=expl)
+        carry, out = m(m.initial_carry(batch), batch, puzzle_emb_delta=delta)
         loss, _ = act_loss(carry, out)
         return loss, (carry, out)
 
@@ -113,10 +113,9 @@ def _scans(jaxpr) -> list:
 
 def _step_scans(scan: bool) -> list:
     cfg = _cfg(scan=scan, L_cycles=3)
-    model = TRM(cfg, rngs=nnx.Rngs(0))
+    model = with_draws(TRM(cfg, rngs=nnx.Rngs(0)))  # no row explores
     batch = _batch(cfg)
-    expl = (jnp.ones((cfg.batch_size,)), jnp.full((cfg.batch_size,), 2, jnp.int32))
-    step = lambda b: model(model.initial_carry(b), b, exploration=expl)[1]["logits"]  # noqa: E731
+    step = lambda b: model(model.initial_carry(b), b)[1]["logits"]  # noqa: E731
     return _scans(jax.make_jaxpr(step)(batch))
 
 
@@ -140,12 +139,11 @@ def _grad_dot_count(**kw) -> int:
     cfg = _cfg(L_cycles=1, H_cycles=1, L_layers=1, **kw)
     model = TRM(cfg, rngs=nnx.Rngs(0))
     batch = _batch(cfg)
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    expl = (jnp.ones((cfg.batch_size,)), jnp.full((cfg.batch_size,), 2, jnp.int32))
+    graphdef, params, rest = nnx.split(with_draws(model), nnx.Param, ...)  # no row explores
 
     def loss(params):
         m = nnx.merge(graphdef, params, rest)
-        carry, out = m(m.initial_carry(batch), batch, exploration=expl)
+        carry, out = m(m.initial_carry(batch), batch)
         return act_loss(carry, out, loss_dtype="float32")[0]
 
     return str(jax.make_jaxpr(jax.grad(loss))(params)).count("dot_general")

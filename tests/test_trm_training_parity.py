@@ -29,9 +29,9 @@ from models.trm.train_step import (  # noqa: E402
     TRMOptimConfig,
     ema_model,
     init_train_state,
-    merge_model,
     train_step,
 )
+from parity.trm_draws import state_with_draws, with_draws  # noqa: E402
 from parity.trm_fixtures import make_batch, make_pair, tiny_config, to_float64  # noqa: E402
 from parity.trm_torch.optim import AdamATan2, EMAHelper, SparseSignSGD, train_batch  # noqa: E402
 
@@ -187,16 +187,15 @@ def _jax_trajectory(model, config, opt, batches, draws):
     """The port's jitted train_step over the same batches and draws, recorded like the torch side.
     Returns the records, the last metrics of each step, and (graphdef, final state)."""
     model.train()
-    graphdef, state = init_train_state(model, opt)
+    graphdef, state = init_train_state(with_draws(model), opt)
     step_fn = jax.jit(functools.partial(train_step, graphdef, config=opt))
     carry = model.initial_carry({k: jnp.asarray(v) for k, v in batches[0].items()})
     records, all_metrics = [], []
     for i in range(N_STEPS):
         u, k = draws[i]
         jb = {k_: jnp.asarray(v) for k_, v in batches[i].items()}
-        state, carry, metrics = step_fn(
-            state, carry, jb, exploration=(jnp.asarray(u, jnp.float32), jnp.asarray(k, jnp.int32))
-        )
+        state = state_with_draws(graphdef, state, (u, k))
+        state, carry, metrics = step_fn(state, carry, jb)
         assert int(state.step) == i + 1
         params, ema = _flat(state.params), _flat(state.ema)
         exact = {"halted": np.asarray(carry.halted), "steps": np.asarray(carry.steps)}
@@ -283,7 +282,7 @@ def test_training_trajectory_matches_torch_float64(x64):
         teval.model.inner.puzzle_emb.weights,
         envelope.tolerance(last, "puzzle table"),
     )
-    live = merge_model(graphdef, state)
+    live = nnx.merge(graphdef, state.params, state.table, state.rest)
     for name in ("H_init", "L_init"):  # buffers: live values, not averaged, never trained
         value = getattr(eval_model.inner, name)[...]
         assert_close(f"eval {name} is live", value, getattr(live.inner, name)[...], EXACT)

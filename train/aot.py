@@ -45,7 +45,7 @@ from jax.experimental import topologies
 from train import mesh as mesh_lib
 from train.compose import load_config
 from train.config import ConfigError
-from train.families import enable_x64_if_needed, make_task
+from train.families import check_backend, enable_x64_if_needed, make_task
 from train.flops import peak_flops_for
 from train.jit import build_train_step
 
@@ -495,7 +495,7 @@ def aot_compile(
     `hbm_bytes`: what the step must fit in per device (default: the slice's chip)."""
     cfg = load_config(list(overrides))  # exactly as train.main composes and validates it
     # as the trainer does on the slice (every slice in TOPOLOGIES is a TPU), before libtpu loads
-    mesh_lib.check_backend(cfg, "tpu")
+    check_backend(cfg, "tpu")
     spec = TOPOLOGIES.get(topology)
     devices = topology_devices(topology)
     enable_x64_if_needed(cfg)  # as train.trainer.train

@@ -13,12 +13,13 @@ mesh), so a checkpoint written on 8 devices restores onto 2 (or another process 
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import math
 import sys
+import time
 import warnings
+from contextlib import contextmanager, nullcontext, suppress
 
 import grain
 import jax
@@ -103,34 +104,39 @@ class Checkpointer:
         `check_meta(meta, step)` may raise ConfigError (a changed setting): that is not damage,
         it propagates. ConfigError when steps exist but none restores."""
         steps = sorted(self.manager.all_steps(), reverse=True)
-        if steps:
-            _drop_abandoned_reads()  # before the first read: a failing one reports at once
         damaged = []
-        for step in steps:
-            try:
-                meta = self.read_meta(step)
-                if check_meta is not None:
-                    check_meta(meta, step)
-                state, meta = self.restore(step, abstract_state, data_iter)
-            except ConfigError:
-                raise
-            except Exception as e:
-                if _does_not_fit(e):  # intact files of another model: not damage, nothing moved
-                    raise ConfigError(
-                        f"cannot resume {self.directory.parent} from step {step}: its saved "
-                        f"state does not fit this run's ({_why(e, limit=200)}); a setting that "
-                        "shapes the model or optimizer changed since it was written (its "
-                        "config.yaml has the old values). Rerun with the saved values, or start "
-                        "a new run (another run.name)"
-                    ) from e
-                log.warning(
-                    "checkpoint step %d in %s is damaged (%s); trying the previous one",
-                    step, self.directory, _why(e),
-                )  # fmt: skip
-                damaged.append(step)
+        # from before the first read: a failing one reports at once
+        quiet = _abandoned_reads_dropped(lambda: bool(damaged)) if steps else nullcontext()
+        with quiet:
+            for step in steps:
+                try:
+                    meta = self.read_meta(step)
+                    if check_meta is not None:
+                        check_meta(meta, step)
+                    state, meta = self.restore(step, abstract_state, data_iter)
+                except ConfigError:
+                    raise
+                except Exception as e:
+                    if _does_not_fit(e):  # intact files of another model: not damage, none moved
+                        raise ConfigError(
+                            f"cannot resume {self.directory.parent} from step {step}: its saved "
+                            f"state does not fit this run's ({_why(e, limit=200)}); a setting "
+                            "that shapes the model or optimizer changed since it was written "
+                            "(its config.yaml has the old values). Rerun with the saved values, "
+                            "or start a new run (another run.name)"
+                        ) from e
+                    log.warning(
+                        "checkpoint step %d in %s is damaged (%s); trying the previous one",
+                        step, self.directory, _why(e),
+                    )  # fmt: skip
+                    damaged.append(step)
+                else:
+                    break
             else:
-                self._move_aside(damaged)
-                return step, state, meta
+                step = None
+        if step is not None:
+            self._move_aside(damaged)
+            return step, state, meta
         if damaged:
             raise ConfigError(
                 f"no checkpoint in {self.directory} restores (damaged steps: "
@@ -182,7 +188,7 @@ class Checkpointer:
             return
         self.wait()  # the save is done: this returns at once, raising what it failed with
 
-    @contextlib.contextmanager
+    @contextmanager
     def _disk_full_is_one_error(self, step: int):
         """A save that fails for want of space becomes one DiskFullError naming the step, the
         directory, its free space and the last committed step; the half-written step is
@@ -196,7 +202,7 @@ class Checkpointer:
             raise self.failed from e
 
     def _abandon(self, step: int) -> None:
-        with contextlib.suppress(Exception):  # the other writes of that save fail the same way
+        with suppress(Exception):  # the other writes of that save fail the same way
             self.manager.wait_until_finished()
         _remove_tmp_dirs(self.directory)
         latest = self.manager.latest_step()
@@ -248,15 +254,16 @@ class Checkpointer:
         try:
             self.wait()
         finally:
-            with contextlib.suppress(Exception) if self.failed else contextlib.nullcontext():
+            with suppress(Exception) if self.failed else nullcontext():
                 self.manager.close()
             if self.failed:  # the abandoned writes' tasks report when collected: while quiet
                 gc.collect()
             self._quiet.remove()
 
 
-def _drop_abandoned_reads() -> None:
-    """Keeps a failed restore to its one warning line.
+@contextmanager
+def _abandoned_reads_dropped(settle):
+    """Keeps a failed restore to its one warning line, for the duration of the resume.
 
     A restore that fails on one array leaves Orbax's reads of the other arrays pending: Orbax runs
     them on a private event loop and closes it without cancelling them (it avoids asyncio.run's
@@ -264,17 +271,14 @@ def _drop_abandoned_reads() -> None:
     closed", from TensorStore's threads); when the garbage collector finalizes the pending reads
     each re-raises with its TensorStore spec, asyncio logs each future's "exception was never
     retrieved", and reads that never started warn "was never awaited": thousands of lines in a
-    process that goes on (a notebook, a test session). Installed before a resume's first read
-    (the closed-loop reports arrive as soon as a read fails), this drops exactly those reports for
-    the rest of the process (wrapping the unraisable hook installed then, once); any other
-    unraisable error, warning or asyncio log record passes through. Test:
+    process that goes on (a notebook, a test session). Inside this context exactly those reports
+    are dropped (an unraisable hook wrapping the one installed, an asyncio log filter, a warning
+    filter); any other unraisable error, warning or log record passes through. When `settle()`
+    says a read failed, the exit first lets the abandoned reads finish and collects them (until
+    no report arrived for one round), so none of them reports after the hook, filter and
+    warning filter are back as they were. Test:
     tests/test_train_damaged_checkpoint.py::test_no_checkpoint_restores_prints_nothing_after_its_error."""
-    logging.getLogger("asyncio").addFilter(_not_an_abandoned_read)  # (added once)
-    # reads that never started: "coroutine ... was never awaited" at interpreter exit
-    warnings.filterwarnings("ignore", "coroutine '_read_array", RuntimeWarning)
-    previous = sys.unraisablehook
-    if getattr(previous, "drops_abandoned_reads", False):
-        return
+    previous, dropped = sys.unraisablehook, [0]
 
     def hook(unraisable):
         code = getattr(unraisable.object, "cr_code", None)
@@ -282,11 +286,39 @@ def _drop_abandoned_reads() -> None:
         closed_loop = unraisable.object is None and "Event loop is closed" in str(
             unraisable.exc_value
         )
-        if not (orbax_read or closed_loop):
+        if orbax_read or closed_loop:
+            dropped[0] += 1
+        else:
             previous(unraisable)
 
-    hook.drops_abandoned_reads = True
+    asyncio_log = logging.getLogger("asyncio")
     sys.unraisablehook = hook
+    asyncio_log.addFilter(_not_an_abandoned_read)
+    try:
+        with warnings.catch_warnings():
+            # reads that never started: "coroutine ... was never awaited" when collected
+            warnings.filterwarnings("ignore", "coroutine '_read_array", RuntimeWarning)
+            try:
+                yield
+            finally:
+                if settle():
+                    _let_abandoned_reads_finish(dropped)
+    finally:
+        asyncio_log.removeFilter(_not_an_abandoned_read)
+        if sys.unraisablehook is hook:  # else someone installed another since: keep theirs
+            sys.unraisablehook = previous
+
+
+def _let_abandoned_reads_finish(dropped: list, rounds: int = 50) -> None:
+    """Collects the abandoned reads until one round (gc, 0.1 s, gc) brings no new report
+    (TensorStore completes them in its threads within milliseconds; at most `rounds` rounds)."""
+    for _ in range(rounds):
+        before = dropped[0]
+        gc.collect()
+        time.sleep(0.1)
+        gc.collect()
+        if dropped[0] == before:
+            return
 
 
 def _not_an_abandoned_read(record: logging.LogRecord) -> bool:
@@ -325,7 +357,7 @@ def _remove_tmp_dirs(directory) -> None:
     if jax.process_index() != 0:
         return
     for tmp in directory.glob("*.orbax-checkpoint-tmp*"):
-        with contextlib.suppress(OSError):
+        with suppress(OSError):
             tmp.rmtree() if tmp.is_dir() else tmp.unlink()
 
 

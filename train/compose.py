@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from hydra import compose, initialize_config_dir
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, OmegaConfBaseException
@@ -30,14 +31,21 @@ def load_config(overrides: list[str], config_dir: str = CONFIG_DIR):
     Model fields that depend on the data set (sizes read from its metadata) are checked when the
     task is built, still before any compute.
     """
+    cfg = compose(overrides, config_dir)
+    validate(cfg)
+    return cfg
+
+
+def compose(overrides: list[str], config_dir: str = CONFIG_DIR):
+    """`load_config` without the validation: for a caller that completes the config first (a
+    weights file's architecture, train/source.py) and then validates it once."""
     config_lib.register_schema()
     try:
         with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
-            cfg = compose(config_name="config", overrides=list(overrides))
+            cfg = hydra_compose(config_name="config", overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as e:
         raise ConfigError(composition_error(e)) from e
     OmegaConf.set_struct(cfg, True)
-    validate(cfg)
     return cfg
 
 
@@ -64,18 +72,20 @@ def composition_error(e: BaseException) -> str:
     return f"config error: {top}: {f'{key}: ' if key else ''}{reason}"
 
 
-def load_run_config(text: str):
-    """A run directory's config.yaml (written by the trainer), checked as `load_config` checks."""
+def load_run_config(text: str, overrides=()):
+    """A run directory's config.yaml (written by the trainer) with key=value `overrides`
+    (`apply_overrides`), checked as `load_config` checks."""
     cfg = OmegaConf.create(text)
     OmegaConf.set_struct(cfg, True)
+    apply_overrides(cfg, overrides)
     validate(cfg)
     return cfg
 
 
 def apply_overrides(cfg, overrides) -> None:
-    """key=value overrides onto a saved config (a run directory's config.yaml), in place, then
-    validated; `mesh=NAME` swaps in configs/mesh/NAME.yaml (a v4-64 run evaluated on one machine:
-    mesh=cpu). Group overrides other than mesh and `+key` additions are refused: a saved config
+    """key=value overrides onto a saved config (a run directory's config.yaml), in place (not
+    validated: `load_run_config` validates the result); `mesh=NAME` swaps in
+    configs/mesh/NAME.yaml (a v4-64 run evaluated on one machine: mesh=cpu). Group overrides other than mesh and `+key` additions are refused: a saved config
     is already composed."""
     bad = [o for o in overrides if "=" not in o or o.startswith(("+", "~"))]
     if bad:
@@ -93,7 +103,6 @@ def apply_overrides(cfg, overrides) -> None:
                 cfg.merge_with(OmegaConf.from_dotlist([o]))
     finally:
         OmegaConf.set_struct(cfg, True)
-    validate(cfg)
 
 
 def validate(cfg) -> None:

@@ -5,9 +5,9 @@ overrides ON TOP OF the dataclasses below (registered in Hydra's ConfigStore as 
 an unknown key or a wrongly typed value in any trainer section is rejected by OmegaConf while
 composing. `validate` checks the values of those sections. `model`, `data` and `optim` are
 free-form mappings whose keys depend on the model family: the family checks them
-(`Task.validate_config` in train/gpt_task.py / train/trm_task.py, called by train/compose.py) by
-building its own config dataclasses from them with `build_dataclass`, so a misspelt key fails
-there, before any array is created. Every error is a `ConfigError` naming the dotted key and what
+(its `Task.validate_config`, train/families/<family>/task.py, called by train/compose.py) against
+its own config dataclasses (`check_fields`, `build_dataclass`), so a misspelt key fails there,
+before any array is created. Every error is a `ConfigError` naming the dotted key and what
 was expected. This module knows no model family.
 """
 
@@ -45,17 +45,21 @@ class RunConfig:
 
 @dataclass
 class TrainerConfig:
-    global_batch_size: int = MISSING  # examples (TRM) or sequences per micro-step x accum (GPT)
-    # Stop after this many optimiser steps. 0 = derive it (TRM: epochs x examples / batch, as
-    # upstream; GPT: max_iters + 1, as nanoGPT's loop).
+    global_batch_size: int = MISSING  # rows of one (micro-)batch over all processes
+    # Stop after this many optimiser steps. 0 = the family derives it from its own schedule
+    # (TRM: epochs x examples / batch, as upstream; GPT: max_iters + 1, as nanoGPT's loop).
     total_steps: int = 0
-    max_steps: int = 0  # if > 0, stop early at this step (tests; does not change the schedule)
-    epochs: int = 0  # TRM only: upstream `epochs`
+    # If > 0, stop at this step with the schedule unchanged (the start of a long run; a rerun
+    # with a larger value continues it).
+    max_steps: int = 0
+    epochs: int = 0  # passes over the training data, for a family that counts them (TRM)
     eval_interval: int = 0  # steps between evaluations (0 = only at the end)
     log_interval: int = 10
-    eval_iters: int = 0  # GPT only: batches per split in estimate_loss
-    gradient_accumulation_steps: int = 1  # GPT only (global count, as nanoGPT)
-    init_from: str = "scratch"  # scratch | path: upstream TRM ckpt, nanoGPT ckpt.pt, HF GPT-2 file
+    eval_iters: int = 0  # batches per split, for a family that evaluates that many (GPT)
+    # Micro-batches per optimiser step, for a family that accumulates (GPT; global, as nanoGPT).
+    gradient_accumulation_steps: int = 1
+    # scratch | a weights file of the family's original code base (its Task.import_weights)
+    init_from: str = "scratch"
     eval_at_start: bool = False
     progress_bar: bool = True  # tqdm, only on an interactive terminal
     # A non-finite loss or gradient norm (checked inside the step): stop = error naming the step and
@@ -101,16 +105,18 @@ class CheckpointConfig:
 
 @dataclass
 class Config:
-    task: str = MISSING  # a model family: trm | gpt (train/families.py FAMILIES)
+    # The model family: a name of train/families/__init__.py's FAMILIES (gpt, trm), or the module
+    # path of a family package (docs/architecture.md, "Adding a model family").
+    task: str = MISSING
     run: RunConfig = field(default_factory=RunConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    # The family's sections, checked by its Task.validate_config (train/gpt_task.py, trm_task.py):
-    model: dict[str, Any] = field(default_factory=dict)  # kwargs of GPTConfig / TRMConfig
+    # The family's sections, checked by its Task.validate_config:
+    model: dict[str, Any] = field(default_factory=dict)  # its model config (GPTConfig, TRMConfig)
     data: dict[str, Any] = field(default_factory=dict)
-    optim: dict[str, Any] = field(default_factory=dict)  # GPTOptimConfig / TRMOptimConfig
+    optim: dict[str, Any] = field(default_factory=dict)  # its optimiser config
 
 
 def register_schema() -> None:

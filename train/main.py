@@ -1,7 +1,7 @@
 """Entry point: `python -m train.main +experiment=NAME [key=value ...]`.
 
-A plain run composes its config once with Hydra's compose API (train/compose.py), validates it,
-and calls the trainer. Hydra's own command line works too, through `@hydra.main`: `--help`
+A plain run composes its config once with Hydra's compose API (train/compose.py), validates it
+once, and calls the trainer. Hydra's own command line works too, through `@hydra.main`: `--help`
 (config groups), `--cfg job` (the composed config), `--info`, `hydra.*` overrides, and `-m`
 sweeps (`-m +experiment=NAME optim.lr=1e-4,3e-4`: Hydra's basic launcher runs the jobs one after
 the other in this process, each in its own run directory `<run.name>-<job num>`). Before a sweep
@@ -76,14 +76,8 @@ def sweep_jobs(args: list[str]) -> list[list[str]]:
 
 
 def run(cfg) -> dict:
-    """Validates `cfg` and trains it: one run of the app (a plain run, or one job of a sweep)."""
+    """Trains the validated `cfg`: one run of the app (a plain run, or one job of a sweep)."""
     try:
-        OmegaConf.set_struct(cfg, True)
-        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-            # job N of a sweep: <run.name>-<N>, so two jobs never share a run directory and the
-            # same sweep again resumes each job from its own
-            cfg.run.name = f"{cfg.run.name}-{HydraConfig.get().job.num}"
-        validate(cfg)
         # Process-wide, so here and not in train(): before the first compile, once per process.
         setup_compilation_cache(
             cfg.run.compilation_cache_dir, cfg.run.compilation_cache_min_compile_secs
@@ -108,6 +102,16 @@ def run(cfg) -> dict:
 
 @hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")
 def _hydra_app(cfg) -> dict:
+    """A run composed by Hydra's own command line (a flag, a hydra.* key, a -m sweep)."""
+    try:
+        OmegaConf.set_struct(cfg, True)
+        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+            # job N of a sweep: <run.name>-<N>, so two jobs never share a run directory and the
+            # same sweep again resumes each job from its own
+            cfg.run.name = f"{cfg.run.name}-{HydraConfig.get().job.num}"
+        validate(cfg)
+    except ConfigError as e:
+        exit_with(e)
     return run(cfg)
 
 

@@ -1,4 +1,4 @@
-"""The device mesh, logical-axis rules, and the shardings of params, batches and the TRM carry.
+"""The device mesh, logical-axis rules, and the shardings of params, batches and a carry.
 
 One mesh with three named axes for every run: `data` (pure data parallel), `fsdp` (data parallel
 whose params/optimizer state may be split, ZeRO-3 style) and `tensor` (model parallel; 1 for the
@@ -121,24 +121,3 @@ def carry_shardings(abstract_carry, mesh: Mesh, rules, batch_size: int):
 
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
-
-
-def check_backend(cfg, platform: str) -> None:
-    """ConfigError (one line: the key, the value, what to set) when the run asks for something the
-    `platform` of its devices ("cpu", "gpu", "tpu") cannot run as asked. Call it before
-    train.families.enable_x64_if_needed.
-
-    TRM's float64 stablemax loss (optim.loss_dtype=float64, upstream's dtype) on a TPU: TPUs have
-    no float64. XLA:TPU compiles it by rewriting every 64-bit value into a pair of 32-bit ones (the
-    compiled v4-64 program holds no f64, s64 or u64 at all; docs/sharding.md, "float64 on a TPU"),
-    which keeps float32's exponent range and is not the float64 upstream computes; the run would
-    also turn on jax x64 and with it 64-bit integers, emulated the same way. The TPU meshes set
-    float32 (configs/tpu/), so this fires when float64 is asked for on a TPU explicitly or through
-    a non-TPU mesh preset."""
-    loss_dtype = cfg.optim.get("loss_dtype") if "optim" in cfg else None
-    if platform == "tpu" and loss_dtype == "float64":
-        raise ConfigError(
-            "optim.loss_dtype=float64 is not float64 on a TPU: TPUs have no float64 and XLA:TPU "
-            "emulates it with pairs of float32; set optim.loss_dtype=float32 "
-            '(docs/sharding.md, "float64 on a TPU")'
-        )

@@ -9,40 +9,32 @@
 
 A run directory restores its checkpoint (the latest, or `step`) onto the task its config.yaml
 describes; the trainer records the data-derived sizes there (vocabulary, sequence length, puzzle
-identifiers), so the run's data set need not be on disk. A weights file becomes a fresh state of
-the matching task with those weights imported (Task.import_weights), its architecture from the
-file itself: nanoGPT's `model_args`, upstream TRM's `all_config.yaml` beside it (or `overrides`
-such as `+experiment=trm_sudoku`) with vocabulary and identifiers from its own tables, HF GPT-2's
-`config.json` beside it or the GPT-2 preset of its width and depth. Every input problem is one
-SourceError line naming the file or option and what was expected.
+identifiers), so the run's data set need not be on disk. A file is a checkpoint of a family's
+original code base, recognised by that family's WeightsFile (train/task.py; GPT: nanoGPT's
+ckpt.pt, HF GPT-2 .safetensors, train/families/gpt/weights.py; TRM: upstream's state_dict,
+train/families/trm/weights.py): the config it describes, then a fresh state of that task with
+its weights imported (Task.import_weights). Every input problem is one SourceError line naming
+the file or option and what was expected.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any
 
 import jax
-import numpy as np
 from etils import epath
 from omegaconf import OmegaConf, open_dict
 
 from train import families
 from train import jit as jit_lib
 from train.checkpoint import Checkpointer
-from train.compose import apply_overrides, load_config, load_run_config, validate
+from train.compose import compose, load_run_config, validate
 from train.errors import ConfigError, one_line
-from train.mesh import check_backend, make_mesh
+from train.mesh import make_mesh
 
-KINDS = ("run", "nanogpt", "upstream_trm", "hf_gpt2")
-_NAMES = {
-    "run": "a run directory",
-    "nanogpt": "a nanoGPT ckpt.pt",
-    "upstream_trm": "an upstream TRM checkpoint",
-    "hf_gpt2": "an HF GPT-2 .safetensors file",
-}
+RUN = "run"  # Source.kind of a run directory; a file's is its WeightsFile's kind
 
 
 class SourceError(ConfigError):
@@ -51,7 +43,7 @@ class SourceError(ConfigError):
 
 @dataclasses.dataclass
 class Source:
-    kind: str  # one of KINDS
+    kind: str  # "run", or the kind of the WeightsFile that opened the file
     path: str
     cfg: Any  # the composed config: the run's config.yaml, or the one the file describes
     task: Any  # train.task.Task built from cfg
@@ -68,85 +60,75 @@ def open_source(
     data: str | None = None,
     overrides=(),
     single_device: bool = False,
-    kinds=KINDS,
+    kinds=None,
 ) -> Source:
     """The Source at `path` (see the module docstring). `step`: a run directory's checkpoint
     (default the latest). `data`: a weights file's data set (nanoGPT: its vocabulary must be the
     file's; upstream TRM: its test split gives seq_len); a run directory reads none. `overrides`:
     key=value (`mesh=NAME` too) for a run directory, Hydra overrides (`+experiment=NAME`,
     `model.x=...`) for a weights file. `single_device`: the task on one device (sampling),
-    whatever mesh the config names. `kinds`: the kinds the caller takes (others: SourceError)."""
+    whatever mesh the config names. `kinds`: the kinds the caller takes (others: SourceError;
+    default every kind)."""
     if data is not None and not epath.Path(data).exists():
         raise SourceError(f"--data {data}: no such file or directory")
-    kind, loaded = _kind(path)
-    if kind not in kinds:
-        raise SourceError(
-            f"{path}: {_NAMES[kind]}; expected {' or '.join(_NAMES[k] for k in kinds)}"
-        )
-    if step is not None and kind != "run":
+    weights, loaded = _kind(path)
+    kind = RUN if weights is None else weights.kind
+    if kinds is not None and kind not in kinds:
+        names = {RUN: "a run directory"} | {w.kind: w.description for w in _weights_files()}
+        raise SourceError(f"{path}: {names[kind]}; expected {' or '.join(names[k] for k in kinds)}")
+    if step is not None and weights is not None:
         raise SourceError(f"--step {step}: only a run directory has steps ({path} is a file)")
-    if kind == "run":
+    if weights is None:
         return _open_run(path, step, list(overrides), single_device)
-    trained_on, meta = None, {}
-    if kind == "nanogpt":
-        cfg = _gpt_config(path, _nanogpt_model(path, loaded), data, list(overrides))
-        meta = {k: v for k, v in loaded.items() if k not in ("model", "optimizer")}
-    elif kind == "hf_gpt2":
-        cfg = _gpt_config(path, _hf_model(path, loaded), data, list(overrides))
-    else:
-        cfg, trained_on = _upstream_trm_config(path, loaded, data, list(overrides))
-    task = _make_task(cfg, single_device, need_data=cfg.task == "gpt" and data is not None)
-    if "vocab_size" in meta.get("model_args", {}):
-        _check_vocab(path, int(meta["model_args"]["vocab_size"]), task, data)
+    opened = weights.open(path, loaded, data, list(overrides))
+    task = _make_task(opened.cfg, single_device, need_data=opened.need_data)
+    weights.check(path, loaded, task, data)
     try:
         state = task.import_weights(task.create_state(), path)
     except (KeyError, ValueError) as e:
         raise SourceError(f"{path}: does not fit the config ({one_line(e)})") from e
-    return Source(kind, path, cfg, task, state, meta.get("iter_num"), meta, trained_on)
+    return Source(kind, path, opened.cfg, task, state, opened.step, opened.meta, opened.trained_on)
 
 
 # --- which kind ------------------------------------------------------------------------------
-def _kind(path: str) -> tuple[str, Any]:
-    """(kind, the loaded file or None). A directory or a URL is a run directory."""
+def _weights_files() -> list:
+    """The WeightsFiles of every registered family, in FAMILIES order."""
+    return [w for f in families.registered().values() for w in f.weights_files]
+
+
+def _kind(path: str):
+    """(the WeightsFile that recognises the file, or None for a run directory; the loaded file
+    or None). A directory or a URL is a run directory."""
     if "://" in path or os.path.isdir(path):
         if not (epath.Path(path) / "config.yaml").exists():
             raise SourceError(
                 f"{path}: a directory without config.yaml; expected a run directory of "
                 "python -m train.main (config.yaml + checkpoints/), or a checkpoint file"
             )
-        return "run", None
+        return None, None
     if not os.path.isfile(path):
         raise SourceError(f"{path}: no such file or run directory")
     from models.state_dict import StateDictError, UnsafeCheckpointError, load_file
 
+    candidates = _weights_files()
+    expected = ", ".join(["a run directory", *(w.description for w in candidates)])
     try:
         loaded = load_file(path)
     except (StateDictError, UnsafeCheckpointError) as e:
         raise SourceError(one_line(e)) from e
     except Exception as e:  # not a torch / safetensors file at all
-        raise SourceError(f"{path}: unknown kind ({one_line(e, 200)}); {_EXPECTED}") from e
-    if path.endswith(".safetensors"):
-        return "hf_gpt2", loaded
-    if isinstance(loaded, dict) and "model_args" in loaded:
-        return "nanogpt", loaded
-    keys = [k.removeprefix("_orig_mod.") for k in loaded] if isinstance(loaded, dict) else []
-    if keys and all(k.startswith("model.") for k in keys):
-        return "upstream_trm", loaded
-    raise SourceError(f"{path}: unknown kind; {_EXPECTED}")
-
-
-_EXPECTED = (
-    "expected a run directory, a nanoGPT ckpt.pt (with model_args), an upstream TRM checkpoint "
-    "(a state_dict of model.* keys) or an HF GPT-2 .safetensors file"
-)
+        raise SourceError(f"{path}: unknown kind ({one_line(e, 200)}); expected {expected}") from e
+    for weights in candidates:
+        if weights.detect(path, loaded):
+            return weights, loaded
+    raise SourceError(f"{path}: unknown kind; expected {expected}")
 
 
 # --- run directories -------------------------------------------------------------------------
 def _open_run(path: str, step, overrides, single_device) -> Source:
     run_dir = epath.Path(path)
     try:
-        cfg = load_run_config((run_dir / "config.yaml").read_text())
-        apply_overrides(cfg, overrides)
+        cfg = load_run_config((run_dir / "config.yaml").read_text(), overrides)
     except ConfigError as e:
         raise SourceError(f"{path}/config.yaml: {e}") from e
     task = _make_task(cfg, single_device, need_data=False)
@@ -168,7 +150,7 @@ def _open_run(path: str, step, overrides, single_device) -> Source:
             ) from e
     finally:
         ckpt.close()
-    return Source("run", path, cfg, task, state, int(step), dict(meta), cfg.data.get("path"))
+    return Source(RUN, path, cfg, task, state, int(step), dict(meta), cfg.data.get("path"))
 
 
 def _make_task(cfg, single_device: bool, *, need_data: bool):
@@ -180,165 +162,32 @@ def _make_task(cfg, single_device: bool, *, need_data: bool):
         devices = jax.devices()[:1]
     try:
         mesh = make_mesh(cfg.mesh, devices)
-        check_backend(cfg, mesh.devices.flat[0].platform)  # e.g. no float64 loss on a TPU
+        families.check_backend(cfg, mesh.devices.flat[0].platform)  # e.g. no float64 on a TPU
         families.enable_x64_if_needed(cfg)
         return families.make_task(cfg, mesh, need_data=need_data)
     except (ValueError, FileNotFoundError) as e:  # ConfigError included
         raise SourceError(one_line(e)) from e
 
 
-# --- GPT weights files -------------------------------------------------------------------------
-# The GPTConfig fields a nanoGPT ckpt.pt's model_args (or an HF config) gives.
-_GPT_FIELDS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")
-
-
-def _nanogpt_model(path: str, ckpt: dict) -> dict:
-    args = ckpt.get("model_args")
-    if not isinstance(args, dict):
-        raise SourceError(f"{path}: model_args is not a dict")
-    missing = [f for f in _GPT_FIELDS[:5] if f not in args]
-    if missing:
-        raise SourceError(f"{path}: model_args lacks {missing}")
-    return {f: args[f] for f in _GPT_FIELDS if f in args}
-
-
-def _hf_model(path: str, sd: dict) -> dict:
-    """The GPT-2 architecture of an HF safetensors file: config.json beside it, else a preset."""
-    from models.gpt import PRESETS
-
-    sd = {k.removeprefix("transformer."): v for k, v in sd.items()}
-    if "wte.weight" not in sd or "wpe.weight" not in sd:
-        raise SourceError(f"{path}: no wte.weight / wpe.weight, so it is not a GPT-2 weights file")
-    vocab, n_embd = (int(n) for n in np.shape(sd["wte.weight"]))
-    n_layer = len({k.split(".")[1] for k in sd if k.startswith("h.")})
-    beside = os.path.join(os.path.dirname(os.path.abspath(path)), "config.json")
-    if os.path.isfile(beside):
-        with open(beside, encoding="utf-8") as f:
-            n_head = int(json.load(f)["n_head"])
-    else:
-        sizes = [p for p in PRESETS.values() if (p["n_embd"], p["n_layer"]) == (n_embd, n_layer)]
-        if not sizes:
-            raise SourceError(
-                f"{path}: n_embd={n_embd}, n_layer={n_layer} is no GPT-2 size; put HF's "
-                "config.json (with n_head) beside it"
-            )
-        n_head = sizes[0]["n_head"]
-    block = int(np.shape(sd["wpe.weight"])[0])
-    # HF GPT-2 was trained with the tanh GELU ("gelu_new")
-    return dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block, bias=True,
-                vocab_size=vocab, dropout=0.0, gelu_approximate=True)  # fmt: skip
-
-
-def _gpt_config(path: str, model: dict, data: str | None, overrides: list[str]):
-    """The config of a GPT weights file: an experiment (default gpt_shakespeare_char) with the
-    file's architecture, float32 compute, `data` as its data set (never built here)."""
-    base = [] if _has_experiment(overrides) else ["+experiment=gpt_shakespeare_char"]
-    cfg = _compose(path, base + ["run.name=" + _name(path), "model.dtype=float32", *overrides])
-    with open_dict(cfg):
-        cfg.model.update(model)
-        cfg.data.build = None
-        if data is not None:
-            cfg.data.path = data
-    _validate(path, cfg)
-    return cfg
-
-
-def _check_vocab(path: str, vocab: int, task, data: str | None) -> None:
-    if data is not None and vocab != task.model_cfg.vocab_size:
-        raise SourceError(
-            f"{path}: model_args vocab_size={vocab}, but --data {data} has "
-            f"vocab_size={task.model_cfg.vocab_size}"
-        )
-
-
-# --- upstream TRM checkpoints ------------------------------------------------------------------
-# upstream arch module names (config/arch/*.yaml `name`) -> TRMConfig.arch
-_UPSTREAM_ARCH = {"trm_singlez", "trm_hier6", "transformers_baseline", "hrm", "trm"}
-_UPSTREAM_MODEL_KEYS = (
-    "H_cycles", "L_cycles", "H_layers", "L_layers", "hidden_size", "expansion", "num_heads",
-    "pos_encodings", "rms_norm_eps", "rope_theta", "halt_max_steps", "halt_exploration_prob",
-    "forward_dtype", "mlp_t", "puzzle_emb_ndim", "puzzle_emb_len", "no_ACT_continue",
-    "act_enabled", "act_inference",
-)  # fmt: skip
-
-
-def upstream_overrides(all_config: dict) -> list[str]:
-    """Our Hydra overrides for the run an upstream all_config.yaml describes (model from `arch`,
-    loss type, batch size, EMA, data_paths[0], the ARC evaluator)."""
-    arch = dict(all_config.get("arch") or {})
-    module = str(arch.get("name", "recursive_reasoning.trm@")).split("@")[0].split(".")[-1]
-    if module not in _UPSTREAM_ARCH:
-        raise SourceError(
-            f"all_config.yaml: arch.name={arch.get('name')!r} is not a known TRM arch"
-        )
-    out = ["task=trm", "model=trm", "optim=trm", "data=sudoku", f"model.arch={module}"]
-    out += [f"model.{k}={arch[k]}" for k in _UPSTREAM_MODEL_KEYS if k in arch]
-    loss = (arch.get("loss") or {}).get("loss_type")
-    if loss:
-        out.append(f"optim.loss_type={loss}")
-    if "global_batch_size" in all_config:
-        out.append(f"trainer.global_batch_size={int(all_config['global_batch_size'])}")
-    if "ema" in all_config:
-        out.append(f"optim.ema={bool(all_config['ema'])}")
-    paths = all_config.get("data_paths_test") or all_config.get("data_paths") or []
-    if paths:
-        out.append(f"data.path={paths[0]}")
-    if any("arc" in str(e.get("name", "")).lower() for e in all_config.get("evaluators") or []):
-        out.append("+data.evaluator=arc")
-    return out + ["run.name=upstream_eval", "trainer.epochs=1", "data.eval_interval_epochs=1"]
-
-
-def _upstream_trm_config(path: str, state_dict: dict, data: str | None, overrides: list[str]):
-    """-> (cfg, the data set the run trained on): all_config.yaml beside the checkpoint (then
-    `overrides`), or `overrides` alone naming an experiment; vocabulary and puzzle identifiers
-    from the checkpoint's own tables, seq_len from the data set's test split."""
-    import yaml
-
-    from models.trm.params import PUZZLE_KEY
-
-    beside = os.path.join(os.path.dirname(os.path.abspath(path)), "all_config.yaml")
-    base = []
-    if os.path.isfile(beside):
-        with open(beside) as f:
-            base = upstream_overrides(yaml.safe_load(f) or {})
-    elif not _has_experiment(overrides):
-        raise SourceError(
-            f"{path}: no all_config.yaml beside it; pass the run's config as overrides, "
-            "e.g. +experiment=trm_sudoku (and model.* / data.path=...)"
-        )
-    trained = [o.split("=", 1)[1] for o in base + overrides if o.startswith("data.path=")]
-    cfg = _compose(path, base + overrides + ([f"data.path={data}"] if data is not None else []))
-    sd = {k.removeprefix("_orig_mod."): v for k, v in state_dict.items()}
-    vocab, table = sd.get("model.inner.embed_tokens.embedding_weight"), sd.get(PUZZLE_KEY)
-    from train.trm_task import test_metadata
-
-    meta = test_metadata(cfg.data.path)
-    with open_dict(cfg.data):
-        cfg.data.seq_len = meta.seq_len
-        cfg.data.vocab_size = int(vocab.shape[0]) if vocab is not None else meta.vocab_size
-        cfg.data.num_puzzle_identifiers = (
-            int(table.shape[0]) if table is not None else meta.num_puzzle_identifiers
-        )
-    return cfg, (trained[-1] if trained else None)
-
-
-# --- shared ------------------------------------------------------------------------------------
-def _has_experiment(overrides) -> bool:
+# --- for the families' WeightsFiles ----------------------------------------------------------
+def has_experiment(overrides) -> bool:
     return any(o.startswith("+experiment=") for o in overrides)
 
 
-def _name(path: str) -> str:
+def run_name_for(path: str) -> str:
+    """A run.name for the config of a weights file (its file name)."""
     return os.path.basename(os.path.abspath(path)).replace("=", "_") or "checkpoint"
 
 
-def _compose(path: str, overrides: list[str]):
+def compose_for(path: str, overrides: list[str]):
+    """The config `overrides` compose (not yet validated: `validate_for` once it is complete)."""
     try:
-        return load_config(overrides)
+        return compose(overrides)
     except ConfigError as e:
         raise SourceError(f"{path}: {e}") from e
 
 
-def _validate(path: str, cfg) -> None:
+def validate_for(path: str, cfg) -> None:
     try:
         validate(cfg)
     except ConfigError as e:

@@ -1,12 +1,13 @@
-"""The seam between the generic trainer and a model family: every hook the trainer calls.
+"""The seam between the generic trainer and a model family: every hook the commands call.
 
-A family (train/gpt_task.py, train/trm_task.py) implements the hooks below in ONE file, a thin
-adapter over its model package: its config schema and validation, its data, its train and eval
-steps, its evaluation loop, and weight import / export. The trainer (train/trainer.py,
-train/jit.py, train/source.py, train/aot.py) calls nothing else:
+A family is two packages (docs/architecture.md, "Adding a model family"): its model in
+models/<family>/ and its wiring to the trainer in a package whose `FAMILY` is a `Family` (below),
+found by name in train/families/__init__.py. The trainer (train/trainer.py, train/jit.py,
+train/aot.py) calls the hooks of its `Task` and nothing else:
 
-    cls = task_class(cfg.task)                 # train/families.py, by name
+    cls = family(cfg.task).task                # train/families/__init__.py, by name
     cls.validate_config(cfg)                   # at compose time (train/compose.py)
+    cls.check_backend(cfg, platform)           # e.g. no float64 on a TPU
     cls.needs_x64(cfg)                         # before anything is traced (process-wide switch)
     task = cls(cfg, mesh)                      # graphdef, abstract_state, state_shardings
     state = task.create_state()                # or restored onto task.state_shardings
@@ -23,10 +24,16 @@ graphdef is static (a pytree without leaves), so `jax.eval_shape(task.init, key)
 graphdef and the abstract state without allocating, and `jax.jit(task.init, out_shardings=...)`
 creates every array directly in its shard. From then on the state is a plain pytree of
 jax.Arrays (jit-able, donatable, checkpointable) and `step` is a pure function of it.
+
+The other commands take the rest from the Family: `python -m train.evaluate` its `Evaluation`
+(options, report, table), train/source.py its `WeightsFile`s (the original code base's
+checkpoints, for train.evaluate / train.sample / train.export), `python -m train.sample` its
+`Sampler`. Each has a default or is optional: a family is at least a Task.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -101,6 +108,11 @@ class Task:
         trace (train.families.enable_x64_if_needed switches it, process-wide)."""
         return False
 
+    @classmethod
+    def check_backend(cls, cfg, platform: str) -> None:
+        """ConfigError (one line: the key, the value, what to set) when the run cannot run as
+        asked on devices of `platform` ("cpu", "gpu", "tpu"). Default: it can."""
+
     # --- the model and its step ---------------------------------------------------------------
     def init(self, key) -> tuple[Any, Any]:
         """-> (graphdef, state): model + optimizer built from `key` and split (traced under jit)."""
@@ -127,7 +139,8 @@ class Task:
 
     def train_iterator(self):
         """-> iterator of this process's rows of each global batch (numpy), with Grain's
-        get_state / set_state (checkpointed with the state)."""
+        get_state (bytes, or a Grain DatasetIterator's own) / set_state / start_prefetch, which
+        Grain's checkpoint handler calls: its position is checkpointed with the state."""
         raise NotImplementedError
 
     def validate_data(self) -> None:
@@ -156,11 +169,6 @@ class Task:
     def evaluate(self, state, step: int) -> dict:
         """The trainer's evaluation: -> host metrics (`eval/...` floats, or strings such as a
         GPT sample), every batch of the family's evaluation data through `eval_step`."""
-        raise NotImplementedError
-
-    def check_eval_data(self, data_dir: str, trained_on: str | None = None) -> None:
-        """ConfigError (one line naming `--data`, the file and what was expected) unless
-        `data_dir` is a data set this model can be evaluated on (`python -m train.evaluate`)."""
         raise NotImplementedError
 
     # --- weights in the original code base's format -------------------------------------------
@@ -208,3 +216,94 @@ class Task:
             )
             for k, (shape, dtype, axis) in (shapes or self.batch_shapes()).items()
         }
+
+
+# --- what the other commands take from a family ---------------------------------------------------
+class Evaluation:
+    """A family's part of `python -m train.evaluate` (train/evaluate.py). This default reports the
+    trainer's own evaluation of the checkpoint (Task.evaluate) as a table of its metrics."""
+
+    needs_data = False  # True: the report reads a data set (--data, default the run's data.path)
+
+    def add_arguments(self, parser) -> None:
+        """The family's own options (on an argparse group named after the family). A long
+        option's dest must be its name (--extra-steps -> extra_steps): messages name it so."""
+
+    def convert_data(self, path: str, tmp_dir: str) -> str | None:
+        """`--data` given as a file this family turns into its data layout (written under
+        `tmp_dir`): -> the data set to evaluate on; None when it is no such file."""
+        return None
+
+    def report(self, src, data, *, batch=None, save_dir=None, progress=False, **options) -> dict:
+        """The report's family part (JSON-able, except what `finish` removes) for the
+        train.source.Source `src` on `data` (None unless needs_data). `batch`: --batch;
+        `save_dir`: where files may go (--json's directory); `options`: the family's own."""
+        return {"metrics": src.task.evaluate(src.state, src.step or 0)}
+
+    def table(self, report: dict) -> list[str]:
+        """The lines the command prints under its source and data lines."""
+        return [f"{k:<32} {v}" for k, v in report.get("metrics", {}).items()]
+
+    def finish(self, report: dict, options: dict) -> None:
+        """What the command prints or writes after the table and before --json (TRM: --show's
+        boards, --plot's figures); removes from `report` what JSON cannot hold."""
+
+
+@dataclasses.dataclass
+class Opened:
+    """A weights file made into what train.source builds its Source from."""
+
+    cfg: Any  # the composed and validated config of the task the weights go into
+    need_data: bool = False  # the task reads its data set's sizes from cfg.data.path
+    step: int | None = None  # Source.step (nanoGPT: iter_num)
+    meta: dict = dataclasses.field(default_factory=dict)  # Source.meta
+    trained_on: str | None = None  # the data set the weights were trained on, where known
+
+
+class WeightsFile:
+    """A checkpoint file of the family's original code base (train/source.py opens it for
+    train.evaluate, train.sample and train.export): its config, then its weights go into a fresh
+    state through Task.import_weights. Subclasses set `kind` and `description`."""
+
+    kind = ""  # Source.kind, e.g. "nanogpt"
+    description = ""  # in messages, e.g. "a nanoGPT ckpt.pt"
+
+    def detect(self, path: str, loaded) -> bool:
+        """Whether the file at `path` (`loaded`: models.state_dict.load_file's result) is one."""
+        raise NotImplementedError
+
+    def open(self, path: str, loaded, data: str | None, overrides: list[str]) -> Opened:
+        """The config of the run it describes (its own architecture; `data`: --data; `overrides`:
+        Hydra overrides). Raises train.source.SourceError naming the file or option."""
+        raise NotImplementedError
+
+    def check(self, path: str, loaded, task, data: str | None) -> None:
+        """After the task is built, before the weights go in: SourceError when they cannot fit
+        (default: nothing to check)."""
+
+
+class Sampler:
+    """A family's part of `python -m train.sample` (train/sample.py): generation from a
+    checkpoint (a run directory, or one of the `kinds` of its weights files)."""
+
+    kinds: tuple[str, ...] = ()
+
+    def add_arguments(self, parser) -> None:
+        """The command's options for this family."""
+
+    def prepare(self, args) -> None:
+        """Before any checkpoint is opened (process-wide settings, such as jax x64)."""
+
+    def sample(self, src, args) -> list[str]:
+        """The generated texts of the train.source.Source `src`."""
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A model family as the registry knows it: the `FAMILY` of its package."""
+
+    task: type[Task]
+    evaluation: Evaluation = dataclasses.field(default_factory=Evaluation)
+    weights_files: tuple[WeightsFile, ...] = ()
+    sampler: Sampler | None = None

@@ -1,4 +1,4 @@
-"""The training loop, shared by both model families: read top to bottom.
+"""The training loop, shared by every model family: read top to bottom.
 
     state = init or restore  ->  for step: stop requested? save + exit -> batch -> jitted step
     (donated state) -> log one step late -> eval / checkpoint when due  ->  final eval + checkpoint
@@ -100,8 +100,8 @@ def _start(cfg, mesh, run_dir):
     batch = {"trainer.global_batch_size": int(cfg.trainer.global_batch_size)}
     mesh_lib.check_batch_divisible(mesh, cfg.mesh.rules, batch)  # not JAX's sharding error
     _check_init_from(cfg)
-    mesh_lib.check_backend(cfg, mesh.devices.flat[0].platform)  # e.g. no float64 loss on a TPU
-    families.enable_x64_if_needed(cfg)  # before anything is traced (TRM: float64 stablemax loss)
+    families.check_backend(cfg, mesh.devices.flat[0].platform)  # e.g. no float64 on a TPU
+    families.enable_x64_if_needed(cfg)  # before anything is traced (Task.needs_x64)
     task = families.make_task(cfg, mesh)
     task.validate_data()  # a broken split or vocab fails here, not at the first evaluation
     ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint)

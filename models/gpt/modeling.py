@@ -24,9 +24,8 @@ from flax import nnx
 
 from models.attention import (
     ATTENTION_IMPLS,
-    cuda_compute_capability,
-    cudnn_unsupported,
     cudnn_unsupported_without_device,
+    resolve_attention_impl,
 )
 
 _DTYPES = {"float32": jnp.float32, "float64": jnp.float64, "bfloat16": jnp.bfloat16}
@@ -107,36 +106,6 @@ def preset(name: str, **overrides) -> GPTConfig:
     return GPTConfig(**{**PRESETS[name], **overrides})
 
 
-def resolve_attention_impl(requested: str, dtype, head_size: int, dropout_active: bool) -> str:
-    """GPTConfig.attention_impl -> the implementation this call runs: explicit | xla | cudnn.
-
-    Resolved at trace time (backend, dtype and train/eval mode are static there). "auto" never
-    raises; an explicit "xla"/"cudnn" that cannot run raises instead of falling back silently.
-    """
-    if requested not in ATTENTION_IMPLS:
-        raise ValueError(f"attention_impl must be one of {ATTENTION_IMPLS}, got {requested!r}")
-    if requested == "explicit":
-        return "explicit"
-    # jax.nn.dot_product_attention has no dropout argument (torch's SDPA has dropout_p).
-    no_dropout = "attention dropout is active (dropout > 0 in train mode) and " + (
-        "jax.nn.dot_product_attention has no dropout"
-    )
-    why = no_dropout if dropout_active else None
-    if requested == "xla":
-        if why:
-            raise ValueError(f"GPTConfig.attention_impl='xla' cannot run: {why}; use 'explicit'")
-        return "xla"
-    why = why or cudnn_unsupported(dtype, head_size, cuda_compute_capability())
-    if requested == "auto":
-        return "explicit" if why else "cudnn"
-    if why:
-        raise ValueError(
-            f"GPTConfig.attention_impl='cudnn' cannot run: {why}; "
-            "use 'auto' (cudnn where possible, else explicit), 'xla' or 'explicit'"
-        )
-    return "cudnn"
-
-
 def _normal(std):
     return jax.nn.initializers.normal(stddev=std)  # untruncated, like torch.nn.init.normal_
 
@@ -190,7 +159,11 @@ class CausalSelfAttention(nnx.Module):
         v_bsnh = v_btc.reshape(B, T, N, H)
         drop = self.attn_dropout
         impl = resolve_attention_impl(
-            self.attention_impl, q_btnh.dtype, H, drop.rate > 0 and not drop.deterministic
+            self.attention_impl,
+            q_btnh.dtype,
+            H,
+            dropout_active=drop.rate > 0 and not drop.deterministic,
+            owner="GPTConfig",
         )
         if impl == "explicit":
             y_btnh = self._explicit_attention(q_btnh, k_bsnh, v_bsnh)

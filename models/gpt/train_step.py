@@ -9,12 +9,15 @@ What nanoGPT's train.py does per iteration, and where it is here:
   (optax.clip_by_global_norm has no 1e-6);
 - optimizer.step()                                   -> `train_step` (nnx.Optimizer.update on the
   merged (model, optimizer): (graphdef, state, batch) -> (state, metrics), as the TRM step).
-nanoGPT's estimate_mfu (6N + 12 L H Q T per token) is train/flops.py's `estimate_mfu`, beside the
-trainer's other FLOP counts.
+train.py's optimiser keys are `GPTOptimConfig` (the `optim` config section), and the state the step
+takes is `init_train_state`'s: nnx.split((model, optimizer)).
+nanoGPT's FLOP count (6N + 12 L H Q T per token) is models/gpt/flops.py's, and its estimate_mfu
+train/families/gpt/mfu.py's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -25,6 +28,32 @@ import optax
 from flax import nnx
 
 from models.gpt.modeling import GPT
+
+
+@dataclasses.dataclass(frozen=True)
+class GPTOptimConfig:
+    """nanoGPT train.py's optimiser keys (names and defaults of train.py): the `optim` section."""
+
+    learning_rate: float = 6e-4
+    max_iters: int = 600000
+    weight_decay: float = 1e-1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    decay_lr: bool = True
+    warmup_iters: int = 2000
+    lr_decay_iters: int = 600000
+    min_lr: float = 6e-5
+
+    def schedule(self) -> Callable:
+        """nanoGPT's get_lr as an optax schedule of the update count (`lr_schedule`)."""
+        return lr_schedule(
+            learning_rate=self.learning_rate,
+            warmup_iters=self.warmup_iters,
+            lr_decay_iters=self.lr_decay_iters,
+            min_lr=self.min_lr,
+            decay_lr=self.decay_lr,
+        )
 
 
 def get_lr(it, *, learning_rate, warmup_iters, lr_decay_iters, min_lr):
@@ -128,6 +157,17 @@ def loss_and_grads(model: GPT, x_abt, y_abt):
     (grads, loss, rest), _ = jax.lax.scan(body, (zeros, loss0, rest), (x_abt, y_abt))
     nnx.update(model, rest)
     return loss, grads
+
+
+def init_train_state(model: GPT, config: GPTOptimConfig):
+    """(graphdef, state) of `model` (in train mode) and its AdamW (`configure_optimizers` with
+    nanoGPT's schedule): nnx.split((model, nnx.Optimizer)), the state `train_step` takes."""
+    tx = configure_optimizers(
+        weight_decay=config.weight_decay,
+        learning_rate=config.schedule(),
+        betas=(config.beta1, config.beta2),
+    )
+    return nnx.split((model, nnx.Optimizer(model, tx, wrt=nnx.Param)))
 
 
 def train_step(graphdef, state, batch: dict, *, grad_clip: float = 1.0, lr=None):

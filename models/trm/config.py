@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-# TRMConfig.attention_impl: the same values and rules as GPTConfig's (models/attention.py, which
-# like this file imports no jax at module level: the PyTorch bench worker loads this file alone).
+# TRMConfig.attention_impl: the same values and rules as GPTConfig's (models/attention.py).
 from models.attention import ATTENTION_IMPLS
 
 ARCHS = ("trm", "hrm", "trm_singlez", "trm_hier6", "transformers_baseline")
@@ -82,7 +81,7 @@ class TRMConfig:
                 f"{ATTENTION_IMPLS}"
             )
         # What is known before any device is seen (jax's cuDNN checks; the device ones run at
-        # trace time: models/attention.py). This file stays free of jax imports.
+        # trace time: models/attention.py).
         if self.attention_impl == "cudnn" and self.forward_dtype not in ("bfloat16", "float16"):
             raise ValueError(
                 f"TRMConfig.attention_impl='cudnn' cannot run: forward_dtype is "

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.attention import ATTENTION_IMPLS, cuda_compute_capability, cudnn_unsupported
+from models.attention import resolve_attention_impl
 from models.trm.config import swiglu_intermediate
 
 # Width of a truncated standard normal on [-2, 2]; dividing by it gives samples of std exactly
@@ -155,29 +155,6 @@ class RotaryEmbedding(nnx.Module):
         return rope_tables(self.dim, self.max_position_embeddings, self.base, self.dtype)
 
 
-def resolve_attention_impl(requested: str, dtype, head_dim: int) -> str:
-    """TRMConfig.attention_impl -> the implementation this call runs: explicit | xla | cudnn.
-
-    Resolved at trace time (backend and dtype are static there). "auto" never raises; "cudnn"
-    where it cannot run raises instead of falling back silently.
-    """
-    if requested not in ATTENTION_IMPLS:
-        raise ValueError(
-            f"TRMConfig.attention_impl={requested!r}: expected one of {ATTENTION_IMPLS}"
-        )
-    if requested in ("explicit", "xla"):
-        return requested
-    why = cudnn_unsupported(dtype, head_dim, cuda_compute_capability())
-    if requested == "auto":
-        return "explicit" if why else "cudnn"
-    if why:
-        raise ValueError(
-            f"TRMConfig.attention_impl='cudnn' cannot run: {why}; "
-            "use 'auto' (cudnn where possible, else explicit), 'xla' or 'explicit'"
-        )
-    return "cudnn"
-
-
 class Attention(nnx.Module):
     def __init__(
         self,
@@ -204,7 +181,7 @@ class Attention(nnx.Module):
         )
         if cos_sin is not None:
             q_blnh, k_bsnh = apply_rotary_pos_emb(q_blnh, k_bsnh, *cos_sin)
-        impl = resolve_attention_impl(self.attention_impl, q_blnh.dtype, H)
+        impl = resolve_attention_impl(self.attention_impl, q_blnh.dtype, H, owner="TRMConfig")
         if impl != "explicit":  # torch's SDPA picks its kernel itself; here the config picks it
             out_blnh = jax.nn.dot_product_attention(
                 q_blnh, k_bsnh, v_bsnh, scale=1.0 / math.sqrt(H), implementation=impl

@@ -341,11 +341,11 @@ class TinyRecursiveReasoningModel_ACTV1Carry:  # upstream's name
 class TinyRecursiveReasoningModel_ACTV1(nnx.Module):  # upstream's name
     """The ACT wrapper: carry, slot refill, halting, exploration, for every arch.
 
-    `model(carry, batch, *, puzzle_emb_delta=None, exploration=None)` returns (carry, outputs).
-    `exploration` = (uniform [B] float in [0, 1), min_halt_draw [B] int in [2, halt_max_steps]):
-    a row explores when uniform < halt_exploration_prob and then may not halt before
-    min_halt_draw steps (upstream: rand_like / randint_like). None: both are drawn from this
-    model's own `exploration` RNG stream (nnx state, advanced every call, checkpointable).
+    `model(carry, batch, *, puzzle_emb_delta=None)` returns (carry, outputs). In training a row
+    explores when its uniform draw in [0, 1) is below halt_exploration_prob, and then may not halt
+    before its min_halt_draw in [2, halt_max_steps] (upstream: rand_like / randint_like, one draw
+    per row): both come from this model's own `exploration` RNG stream (nnx state, advanced every
+    call, checkpointed with the weights).
     """
 
     def __init__(self, config: TRMConfig, *, rngs: nnx.Rngs):
@@ -394,10 +394,7 @@ class TinyRecursiveReasoningModel_ACTV1(nnx.Module):  # upstream's name
             return q_halt_b > q_continue_b
         return q_halt_b > 0
 
-    def _exploration_draws(self, b: int, exploration):
-        if exploration is not None:
-            u_b, k_b = exploration
-            return jnp.asarray(u_b, jnp.float32), jnp.asarray(k_b, jnp.int32)
+    def _exploration_draws(self, b: int):
         # torch.rand_like / randint_like: one draw PER ROW from an explicit stream
         key_u, key_k = jax.random.split(self.exploration_rngs.exploration())
         u_b = jax.random.uniform(key_u, (b,), jnp.float32)
@@ -410,7 +407,6 @@ class TinyRecursiveReasoningModel_ACTV1(nnx.Module):  # upstream's name
         batch: dict,
         *,
         puzzle_emb_delta=None,
-        exploration=None,
         compute_target_q: bool | None = None,
     ):
         c = self.config
@@ -432,7 +428,7 @@ class TinyRecursiveReasoningModel_ACTV1(nnx.Module):  # upstream's name
         if self._adaptive():
             new_halted_b = new_halted_b | self.halting_rule(q_halt_ng, q_cont_ng)
             if self.training:
-                u_b, k_b = self._exploration_draws(q_halt.shape[0], exploration)
+                u_b, k_b = self._exploration_draws(q_halt.shape[0])
                 min_halt_b = jnp.where(u_b < c.halt_exploration_prob, k_b, 0)
                 new_halted_b = new_halted_b & (new_steps_b >= min_halt_b)
             want_target = self.training and (

@@ -115,11 +115,6 @@ def init_train_state(model: nnx.Module, config: TRMOptimConfig):
     return graphdef, state
 
 
-def merge_model(graphdef, state: TRMTrainState) -> nnx.Module:
-    """The live model (training weights) of a state."""
-    return nnx.merge(graphdef, state.params, state.table, state.rest)
-
-
 def ema_model(graphdef, state: TRMTrainState) -> nnx.Module:
     """The model upstream evaluates and checkpoints: EMA params (if config.ema) with the live
     H_init/L_init and puzzle table, in eval mode."""
@@ -143,7 +138,6 @@ def train_step(
     batch: dict,
     *,
     config: TRMOptimConfig,
-    exploration=None,
 ):
     """One upstream train_batch + EMA update. Returns (state, carry, metrics).
 
@@ -151,7 +145,7 @@ def train_step(
     steps, lm_loss, q_halt_loss) plus `lr`, `puzzle_emb_lr`, `grad_norm` (global L2 norm of the
     nnx.Param gradients of the 1/global_batch-scaled loss) and `puzzle_emb_grad_norm` (of the
     gathered puzzle rows' gradients; absent without a puzzle table), all jnp scalars; on a skipped
-    step (step > total_steps) the sums and norms are zeros. `exploration` is passed to the model (see TRM).
+    step (step > total_steps) the sums and norms are zeros.
     """
     batch_rows = batch["inputs"].shape[0]
     if batch_rows != config.global_batch_size:
@@ -169,7 +163,7 @@ def train_step(
         # copy=True: fresh Variables at this (grad) trace level, so the model may advance its
         # exploration RNG here; reusing the outer-level ones raises TraceContextError
         model = nnx.merge(graphdef, params, state.table, state.rest, copy=True)
-        new_carry, outputs = model(carry, batch, puzzle_emb_delta=delta, exploration=exploration)
+        new_carry, outputs = model(carry, batch, puzzle_emb_delta=delta)
         loss, metrics = act_loss(
             new_carry, outputs, loss_type=config.loss_type, loss_dtype=config.loss_dtype
         )

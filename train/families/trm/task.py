@@ -1,7 +1,8 @@
 """TRM on the trainer: the adapter between train/task.py's hooks and models.trm.
 
-    config sections  TRMDataConfig (data), models.trm.TRMConfig (model), TRMOptimConfig (optim)
-    data             data.puzzle_source (upstream's layout), built on first use when data.build names a builder
+    config sections  models.trm.TRMConfig (model), TRMOptimConfig (optim), data.TRMDataConfig (data)
+    data             data.py: data.puzzle_source (upstream's layout), built on first use when
+                     data.build names a builder
     train step       models/trm/train_step.py: one ACT step on the persistent carry
     eval step        models/trm/eval_step.py: a fresh carry, halt_max_steps ACT steps, EMA weights
     weights          upstream TRM state_dicts in and out (models/trm/params.py)
@@ -17,10 +18,7 @@ divides by the count (upstream `evaluate`), plus the ARC evaluator when data.eva
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import importlib
-import json
 import logging
 import os
 
@@ -31,11 +29,11 @@ from flax import nnx
 from tqdm import tqdm
 
 from data.arc_eval import ARCEvaluator
-from data.puzzle_format import load_metadata, load_split
 from data.puzzle_source import PuzzleTestDataset, PuzzleTrainDataset
 from models.state_dict import load_file
 from models.trm import TRM, TRMConfig
 from models.trm.eval_step import eval_step
+from models.trm.flops import trm_flops_per_step
 from models.trm.losses import normalize_metrics
 from models.trm.optim import total_steps as schedule_steps
 from models.trm.params import from_torch, to_torch
@@ -43,43 +41,22 @@ from models.trm.train_step import TRMOptimConfig, ema_model, init_train_state, t
 from train import mesh as mesh_lib
 from train.config import build_dataclass, check_fields, check_ranges
 from train.errors import ConfigError
-from train.flops import trm_flops_per_step
-from train.task import Task, build_once, record_in_config
+from train.families.trm.data import (
+    DATA_RANGES,
+    SIZES,
+    TRMDataConfig,
+    check_batch_fits,
+    check_identifiers,
+    check_split,
+    data_sizes,
+    prepare_data,
+    test_metadata,
+)
+from train.task import Task, record_in_config
 
 log = logging.getLogger(__name__)
 
-
-@dataclasses.dataclass
-class TRMDataConfig:
-    """The `data` section of a puzzle data set (configs/data/sudoku.yaml, maze, arc1, arc2)."""
-
-    path: str = ""  # upstream's layout: train/ and test/ with dataset.json and .npy arrays
-    build: str | None = None  # a data module (data.sudoku_easy, ...) run when `path` is empty
-    build_args: list = dataclasses.field(default_factory=list)  # its command-line arguments
-    eval_interval_epochs: int = 0  # upstream eval_interval: epochs per iteration (0: epochs)
-    eval_batch_size: int = 0  # 0: trainer.global_batch_size
-    evaluator: str = ""  # "" or arc (data.arc_eval)
-    # The data set's sizes. Read from its train/dataset.json when it is on disk (and recorded here
-    # in the run's config.yaml); these values serve when it is not (AOT compilation).
-    seq_len: int = 81
-    vocab_size: int = 11
-    num_puzzle_identifiers: int = 1
-    total_groups: int = 1000
-    mean_puzzle_examples: float = 1.0
-
-
-_SIZES = ("seq_len", "vocab_size", "num_puzzle_identifiers", "total_groups", "mean_puzzle_examples")
-
 # Values that make no sense (train.config.check_ranges).
-_DATA_RANGES = {
-    "eval_interval_epochs": ">=0",
-    "eval_batch_size": ">=0",
-    "seq_len": ">0",
-    "vocab_size": ">0",
-    "num_puzzle_identifiers": ">0",
-    "total_groups": ">0",
-    "mean_puzzle_examples": ">0",
-}
 _MODEL_RANGES = {
     k: ">0"
     for k in ("hidden_size", "num_heads", "expansion", "H_cycles", "L_cycles", "halt_max_steps")
@@ -100,33 +77,11 @@ _OPTIM_RANGES = {
 _TRAINER_FIELDS = ("global_batch_size", "total_steps")
 
 
-def _optim_config(cfg, total_steps: int = 1) -> TRMOptimConfig:
-    """TRMOptimConfig from cfg.optim (+ batch size and schedule length from the trainer)."""
-    kw = dict(cfg.optim or {})
-    bad = sorted(set(kw) & set(_TRAINER_FIELDS))
-    if bad:
-        raise ConfigError(
-            f"optim: {bad} are set by the trainer (trainer.global_batch_size, epochs)"
-        )
-    kw.update(global_batch_size=int(cfg.trainer.global_batch_size), total_steps=int(total_steps))
-    return build_dataclass(TRMOptimConfig, kw, "optim")
-
-
-def test_metadata(data_dir: str):
-    """The test split's metadata of a data set in the upstream layout (ConfigError without one)."""
-    if not os.path.isfile(os.path.join(data_dir, "test", "dataset.json")):
-        raise ConfigError(
-            f"--data {data_dir}: no test/dataset.json; expected a data set in the upstream "
-            "layout (python -m data.sudoku / data.maze / data.arc), or a Sudoku CSV file"
-        )
-    return load_metadata(data_dir, "test")
-
-
 class TRMTask(Task):
     items_name = "examples"
     console_metrics = ("train/lm_loss", "train/exact_accuracy", "eval/all/exact_accuracy")
     # optim.ema adds the EMA to the state; the data keys fix what a data position means
-    resume_keys = ("optim.ema", *(f"data.{k}" for k in ("eval_interval_epochs", *_SIZES)))
+    resume_keys = ("optim.ema", *(f"data.{k}" for k in ("eval_interval_epochs", *SIZES)))
     resume_free_keys = tuple(
         f"model.{k}" for k in ("attention_impl", "remat", "remat_policy", "scan")
     )
@@ -134,35 +89,51 @@ class TRMTask(Task):
     @classmethod
     def validate_config(cls, cfg) -> None:
         check_fields(TRMDataConfig, cfg.data, "data")
-        check_ranges(cfg.data, "data", _DATA_RANGES)
+        check_ranges(cfg.data, "data", DATA_RANGES)
         check_fields(TRMConfig, cfg.model, "model")
         check_ranges(cfg.model, "model", _MODEL_RANGES)
         check_ranges(cfg.optim, "optim", _OPTIM_RANGES)
         if cfg.data.get("evaluator", "") not in ("", "arc"):
             raise ConfigError(f"data.evaluator={cfg.data.evaluator!r}: expected '' or 'arc'")
-        _optim_config(cfg)
+        bad = sorted(set(cfg.optim or {}) & set(_TRAINER_FIELDS))
+        if bad:
+            raise ConfigError(
+                f"optim: {bad} are set by the trainer (trainer.global_batch_size, epochs)"
+            )
+        check_fields(TRMOptimConfig, cfg.optim, "optim")
         if cfg.trainer.total_steps == 0 and cfg.trainer.epochs == 0:
             raise ConfigError("trainer: TRM needs trainer.epochs (or trainer.total_steps) > 0")
 
     @classmethod
     def needs_x64(cls, cfg) -> bool:
-        """Upstream's float64 stablemax loss (optim.loss_dtype, default float64) needs jax x64;
-        every other TRM dtype is set explicitly."""
-        return cfg.optim.get("loss_dtype", "float64") == "float64"
+        """Upstream's float64 stablemax loss (optim.loss_dtype, float64 by default) needs jax
+        x64; every other TRM dtype is set explicitly."""
+        return cfg.optim.get("loss_dtype", TRMOptimConfig.loss_dtype) == "float64"
+
+    @classmethod
+    def check_backend(cls, cfg, platform: str) -> None:
+        """The float64 stablemax loss on a TPU: TPUs have no float64. XLA:TPU compiles it by
+        rewriting every 64-bit value into a pair of 32-bit ones (the compiled v4-64 program holds
+        no f64, s64 or u64 at all; docs/sharding.md, "float64 on a TPU"), which keeps float32's
+        exponent range and is not the float64 upstream computes; the run would also turn on jax
+        x64 and with it 64-bit integers, emulated the same way. The TPU meshes set float32
+        (configs/tpu/), so this fires when float64 is asked for on a TPU explicitly or through a
+        non-TPU mesh preset."""
+        if platform == "tpu" and cls.needs_x64(cfg):
+            raise ConfigError(
+                "optim.loss_dtype=float64 is not float64 on a TPU: TPUs have no float64 and "
+                "XLA:TPU emulates it with pairs of float32; set optim.loss_dtype=float32 "
+                '(docs/sharding.md, "float64 on a TPU")'
+            )
 
     def __init__(self, cfg, mesh, *, need_data: bool = True):
         self.cfg, self.mesh = cfg, mesh
-        self.data_cfg = build_dataclass(TRMDataConfig, cfg.data, "data")
-        self.data_dir = self.data_cfg.path
         self.batch = int(cfg.trainer.global_batch_size)
-        if need_data:
-            self._prepare_data()
-            meta = load_metadata(self.data_dir, "train")
-            self.data_cfg = dataclasses.replace(
-                self.data_cfg, **{k: getattr(meta, k) for k in _SIZES}
-            )
-            record_in_config(cfg, {f"data.{k}": getattr(meta, k) for k in _SIZES})
-        d = self.data_cfg
+        if need_data:  # the data set's sizes, recorded in config.yaml before anything reads them
+            prepare_data(cfg.data)
+            record_in_config(cfg, {f"data.{k}": v for k, v in data_sizes(cfg.data.path).items()})
+        self.data_cfg = d = build_dataclass(TRMDataConfig, cfg.data, "data")
+        self.data_dir = d.path
         self.model_cfg = build_dataclass(
             TRMConfig,
             dict(cfg.model, batch_size=self.batch, seq_len=d.seq_len, vocab_size=d.vocab_size,
@@ -178,9 +149,13 @@ class TRMTask(Task):
         self.total_steps = int(cfg.trainer.total_steps) or schedule_steps(
             self.epochs, d.total_groups, d.mean_puzzle_examples, self.batch
         )
-        self._check_batch_fits()
-        self.optim = _optim_config(cfg, self.total_steps)
-        if self.optim.loss_dtype == "float64" and not jax.config.jax_enable_x64:
+        check_batch_fits(d, self.batch, self.epochs, self.eval_epochs, self.total_steps)
+        self.optim = build_dataclass(
+            TRMOptimConfig,
+            dict(cfg.optim, global_batch_size=self.batch, total_steps=self.total_steps),
+            "optim",
+        )
+        if self.needs_x64(cfg) and not jax.config.jax_enable_x64:
             raise ValueError(
                 "optim.loss_dtype=float64 (upstream's stablemax dtype) needs jax x64; the trainer "
                 "enables it (train.families.enable_x64_if_needed), or set optim.loss_dtype=float32"
@@ -192,48 +167,6 @@ class TRMTask(Task):
         self._setup()
 
     # --- data -------------------------------------------------------------------------------
-    def _check_batch_fits(self) -> None:
-        """ConfigError when the batch is larger than the data: upstream's step count rounds down
-        to 0, or an iteration (eval_interval_epochs epochs) holds less than one batch, so the
-        run would end without a step."""
-        d = self.data_cfg
-        per_epoch = d.total_groups * d.mean_puzzle_examples  # one example drawn per group
-        where = (
-            f"data.path={self.data_dir!r}: {per_epoch:g} examples per epoch "
-            f"({d.total_groups} groups x {d.mean_puzzle_examples:g})"
-        )
-        if self.total_steps <= 0:
-            raise ConfigError(
-                f"trainer.global_batch_size={self.batch} is larger than the data set: "
-                f"trainer.epochs={self.epochs} x {where} gives 0 steps; lower the batch or "
-                "raise trainer.epochs"
-            )
-        if self.epochs and self.eval_epochs * per_epoch < self.batch:
-            raise ConfigError(
-                f"trainer.global_batch_size={self.batch} is larger than one iteration of the "
-                f"data set: data.eval_interval_epochs={self.eval_epochs} x {where} holds no "
-                "full batch; lower the batch or raise data.eval_interval_epochs"
-            )
-
-    def _prepare_data(self) -> None:
-        """Builds the data set with data.build when data.path holds none yet."""
-        path, builder = self.data_dir, self.data_cfg.build
-        if not path:
-            raise ConfigError(
-                "data.path: a puzzle data set directory (upstream layout) is required"
-            )
-        if os.path.exists(os.path.join(path, "train", "dataset.json")):
-            return
-        if not builder:
-            raise ConfigError(
-                f"data.path={path!r} has no train/dataset.json; build it first "
-                "(python -m data.sudoku / data.maze / data.arc, see configs/data/)"
-            )
-        args = [*self.data_cfg.build_args, "--output-dir", path]
-        module = builder if "." in builder else f"data.{builder}"
-        log.info("building %s into %s: %s", builder, path, args)
-        build_once("trm_data_built", lambda: importlib.import_module(module).main(args))
-
     def validate_data(self) -> None:
         """Both splits (train, and test when a test/ directory exists) load through
         data.puzzle_format.load_split (metadata, every array file, shapes, dtypes, token range)
@@ -243,49 +176,14 @@ class TRMTask(Task):
         mesh_lib.check_batch_divisible(self.mesh, self.cfg.mesh.rules, eval_batch)
         for split in ("train", "test"):
             if split == "train" or os.path.isdir(os.path.join(self.data_dir, split)):
-                self.check_split(self.data_dir, split, "data.path")  # no test/: no evaluation
-
-    def check_split(self, data_dir: str, split: str, option: str) -> None:
-        """ConfigError (naming `option`, the file and the key) unless `data_dir`'s `split` loads
-        and its seq_len, vocabulary and puzzle identifiers fit the model."""
-        try:
-            meta = load_split(data_dir, split, mmap=True).metadata
-        except (OSError, ValueError) as e:  # PuzzleFormatError is a ValueError
-            raise ConfigError(f"{option}: {split} split: {e}") from e
-        m, where = self.model_cfg, os.path.join(data_dir, split, "dataset.json")
-        for key, have, limit in (
-            ("seq_len", meta.seq_len, m.seq_len),
-            ("vocab_size", meta.vocab_size, m.vocab_size),
-            ("num_puzzle_identifiers", meta.num_puzzle_identifiers, m.num_puzzle_identifiers),
-        ):
-            if have != limit if key == "seq_len" else have > limit:
-                raise ConfigError(
-                    f"{option} {where}: {key}={have}, but the model has {key}={limit}"
-                )
+                check_split(self.data_dir, split, self.model_cfg, "data.path")  # no test/: no eval
 
     def check_eval_data(self, data_dir: str, trained_on: str | None) -> None:
         """`data_dir`'s test split fits the model, and an ARC set's identifiers.json is the one
         the weights were trained with (puzzle identifiers index the trained embedding table)."""
         test_metadata(data_dir)
-        self.check_split(data_dir, "test", "--data")
-        mine, theirs = (
-            os.path.join(p, "identifiers.json") if p else "" for p in (data_dir, trained_on)
-        )
-        if not (
-            self.model_cfg.num_puzzle_identifiers > 1
-            and trained_on
-            and os.path.abspath(data_dir) != os.path.abspath(trained_on)
-            and os.path.isfile(mine)
-            and os.path.isfile(theirs)
-        ):
-            return
-        with open(mine) as f, open(theirs) as g:
-            if json.load(f) != json.load(g):
-                raise ConfigError(
-                    f"--data {mine} differs from the run's {theirs}: puzzle identifiers index "
-                    "the trained puzzle embeddings, so evaluate on the data set the run was "
-                    'trained with (docs/evaluation.md, "ARC puzzle identifiers index the trained puzzle embeddings")'
-                )
+        check_split(data_dir, "test", self.model_cfg, "--data")
+        check_identifiers(data_dir, trained_on, self.model_cfg)
 
     def batch_shapes(self, batch_size: int | None = None):
         """A train batch, or with `batch_size` an evaluation batch of that many rows."""
@@ -331,13 +229,10 @@ class TRMTask(Task):
             ),
         }
 
-    def train_step(self, state, batch, exploration=None):
-        """`exploration`: the halting exploration draws to use instead of the model's own stream
-        (models.trm.TRM); the trainer never passes it, the golden tests replay upstream's."""
+    def train_step(self, state, batch):
         train_state, carry, sums = train_step(
-            self.graphdef, state["train"], state["carry"], batch, config=self.optim,
-            exploration=exploration,
-        )  # fmt: skip
+            self.graphdef, state["train"], state["carry"], batch, config=self.optim
+        )
         metrics = normalize_metrics(sums, mode="train", global_batch_size=self.batch)
         # float32 scalars whatever the loss dtype (float64 with upstream's stablemax)
         metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}

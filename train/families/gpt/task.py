@@ -1,9 +1,10 @@
 """nanoGPT on the trainer: the adapter between train/task.py's hooks and models.gpt.
 
-    config sections  GPTDataConfig (data), models.gpt.GPTConfig (model), GPTOptimConfig (optim)
-    data             data.text_source token windows (shakespeare_char built on first use)
+    config sections  models.gpt.GPTConfig (model), GPTOptimConfig (optim), data.GPTDataConfig (data)
+    data             data.py: data.text_source token windows (shakespeare_char built on first use)
     train step       models/gpt/train_step.py: AdamW groups, get_lr, clipping, accumulation
-    eval step        the loss with dropout off; estimate_loss over eval_iters batches + a sample
+    eval step        models/gpt/eval_step.py: the loss with dropout off; estimate_loss over
+                     eval_iters batches + a sample
     weights          nanoGPT ckpt.pt / HF GPT-2 in, nanoGPT ckpt.pt out (models/gpt/params.py)
 
 Semantics of nanoGPT's train.py: AdamW with decay on ndim >= 2, warmup + cosine `get_lr` read from
@@ -16,53 +17,28 @@ The loop runs iterations 0..max_iters inclusive (max_iters + 1 updates) as nanoG
 from __future__ import annotations
 
 import dataclasses
-import json
-import logging
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from omegaconf import OmegaConf
 
-from data.shakespeare_char import build as build_shakespeare_char
-from data.text_source import eval_dataset, read_meta, read_token_bin, train_dataset
+from data.text_source import eval_dataset
 from models.gpt import GPT, GPTConfig, from_torch_file, generate, to_torch
-from models.gpt.train_step import configure_optimizers, lr_schedule, train_step
+from models.gpt.eval_step import eval_graphdef, eval_step
+from models.gpt.flops import gpt_flops_per_step
+from models.gpt.train_step import GPTOptimConfig, init_train_state, train_step
 from train.config import build_dataclass, check_fields, check_ranges
 from train.errors import ConfigError
-from train.flops import gpt_flops_per_step
-from train.task import Task, build_once, record_in_config
-
-log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class GPTOptimConfig:
-    """nanoGPT train.py's optimiser keys (names and defaults of train.py): the `optim` section."""
-
-    learning_rate: float = 6e-4
-    max_iters: int = 600000
-    weight_decay: float = 1e-1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    decay_lr: bool = True
-    warmup_iters: int = 2000
-    lr_decay_iters: int = 600000
-    min_lr: float = 6e-5
-
-
-@dataclasses.dataclass
-class GPTDataConfig:
-    """The `data` section of a text data set (configs/data/shakespeare_char.yaml, openwebtext)."""
-
-    path: str = ""  # a directory with train.bin / val.bin / meta.json (data.text_source)
-    build: str | None = None  # shakespeare_char: built into `path` when it has no train.bin
-    input: str = ""  # the builder's input.txt (empty: downloaded); read only when building
-    sample_tokens: int = 0  # characters generated at each eval (0: none)
-
+from train.families.gpt.data import (
+    DATA_RANGES,
+    GPTDataConfig,
+    check_text_data,
+    prepare_data,
+    train_iterator,
+)
+from train.task import Task, record_in_config
 
 # Values that make no sense (train.config.check_ranges).
 _OPTIM_RANGES = {
@@ -94,34 +70,26 @@ class GPTTask(Task):
     @classmethod
     def validate_config(cls, cfg) -> None:
         check_fields(GPTDataConfig, cfg.data, "data")
-        check_ranges(cfg.data, "data", {"sample_tokens": ">=0"})
+        check_ranges(cfg.data, "data", DATA_RANGES)
         check_fields(GPTConfig, cfg.model, "model")
         check_ranges(cfg.model, "model", _MODEL_RANGES)
+        check_fields(GPTOptimConfig, cfg.optim, "optim")
         check_ranges(cfg.optim, "optim", _OPTIM_RANGES)
-        o = build_dataclass(GPTOptimConfig, cfg.optim, "optim")
-        if o.decay_lr and o.lr_decay_iters < o.warmup_iters:
+        o = {**dataclasses.asdict(GPTOptimConfig()), **cfg.optim}
+        if o["decay_lr"] and o["lr_decay_iters"] < o["warmup_iters"]:
             raise ConfigError("optim.lr_decay_iters must be >= optim.warmup_iters")
         if cfg.trainer.eval_interval and cfg.trainer.eval_iters == 0:
             raise ConfigError("trainer.eval_iters must be > 0 when trainer.eval_interval > 0")
 
     def __init__(self, cfg, mesh, *, need_data: bool = True):
         self.cfg, self.mesh = cfg, mesh
-        d = dict(cfg.data)
-        self.data_dir = d.get("path", "")
-        self.meta = self._prepare_data(d) if need_data else {}
+        self.data_dir = cfg.data.get("path", "")
+        self.meta = prepare_data(dict(cfg.data)) if need_data else {}
         if "vocab_size" in self.meta:  # the data set's vocabulary, recorded in config.yaml
             record_in_config(cfg, {"model.vocab_size": int(self.meta["vocab_size"])})
         self.model_cfg = build_dataclass(GPTConfig, cfg.model, "model")
         self.optim = build_dataclass(GPTOptimConfig, cfg.optim, "optim")
-        o = self.optim
-        # nanoGPT's get_lr as an optax schedule of the update count (also logged by `step`)
-        self.lr_fn = lr_schedule(
-            learning_rate=o.learning_rate,
-            warmup_iters=o.warmup_iters,
-            lr_decay_iters=o.lr_decay_iters,
-            min_lr=o.min_lr,
-            decay_lr=o.decay_lr,
-        )
+        self.lr_fn = self.optim.schedule()  # nanoGPT's get_lr (also logged by the step)
         t = cfg.trainer
         self.accum = int(t.gradient_accumulation_steps)
         self.batch = int(t.global_batch_size)
@@ -131,66 +99,15 @@ class GPTTask(Task):
         self.flops_per_step = gpt_flops_per_step(self.model_cfg, self.batch, self.accum)
         self._eval_fn = None
         self._setup()
-        model, optimizer = nnx.merge(self.graphdef, self.abstract_state)  # shapes only
-        model.eval()  # dropout off: a different (static) graphdef over the same state
-        self.eval_graphdef = nnx.graphdef((model, optimizer))
+        self.eval_graphdef = eval_graphdef(self.graphdef, self.abstract_state)
 
     # --- data -------------------------------------------------------------------------------
-    def _prepare_data(self, d: dict) -> dict:
-        path = self.data_dir
-        if not path:
-            raise ConfigError(
-                "data.path: directory with train.bin / val.bin / meta.json is required"
-            )
-        if os.path.exists(os.path.join(path, "train.bin")):
-            if d.get("input"):
-                log.warning(
-                    "data.input=%r was not read: data.path=%r already holds built data "
-                    "(train.bin); delete that directory (or set another data.path) to rebuild "
-                    "from data.input",
-                    d["input"],
-                    path,
-                )
-        else:
-            builder = d.get("build")
-            if builder != "shakespeare_char":
-                raise ConfigError(
-                    f"data.path={path!r} has no train.bin; build it first (python -m data.<name>)"
-                )
-            log.info("building %s into %s", builder, path)
-            build_once(
-                "gpt_data_built",
-                lambda: build_shakespeare_char(path, input_path=d.get("input") or None),
-            )
-        try:
-            return read_meta(path)
-        except FileNotFoundError:
-            return {}
-
     def validate_data(self) -> None:
-        self.check_eval_data(self.data_dir, option="data.path")
+        check_text_data(self.data_dir, self.model_cfg, "data.path")
 
-    def check_eval_data(self, data_dir: str, trained_on=None, option: str = "--data") -> None:
-        """train.bin and val.bin open as uint16 tokens, hold more than one window, and their
-        tokens (val: all; train: the first 2**20) are below the model's vocab_size."""
-        vocab, need = self.model_cfg.vocab_size, self.model_cfg.block_size + 2
-        for split in ("train", "val"):
-            path = os.path.join(data_dir, f"{split}.bin")
-            try:
-                tokens = read_token_bin(path)
-            except (OSError, ValueError) as e:
-                raise ConfigError(f"{option}: {e}") from e
-            if len(tokens) < need:
-                raise ConfigError(
-                    f"{option}: {path} has {len(tokens)} tokens; model.block_size="
-                    f"{self.model_cfg.block_size} needs at least {need}"
-                )
-            top = int(np.max(tokens[: 1 << 20] if split == "train" else tokens))
-            if top >= vocab:
-                raise ConfigError(
-                    f"{option}: {path} has token id {top}, not below the model's vocab_size="
-                    f"{vocab} (meta.json vocab_size or model.vocab_size)"
-                )
+    def check_eval_data(self, data_dir: str) -> None:
+        """`data_dir` (`python -m train.evaluate --data`) fits the model (`check_text_data`)."""
+        check_text_data(data_dir, self.model_cfg, "--data")
 
     def batch_shapes(self, batch_size: int | None = None):
         """[accum, batch, block] micro-batches; an evaluation batch is [batch_size, block]."""
@@ -200,30 +117,25 @@ class GPTTask(Task):
         return {"x": (shape, np.int32, 1), "y": (shape, np.int32, 1)}
 
     def local_batch(self, b):
-        # data.text_source's rows for this process: [accum * local, T] -> [accum, local, T]; micro-step m takes
-        # rows m*local..(m+1)*local of this process's slice of the global draw.
+        # data.text_source's rows for this process: [accum * local, T] -> [accum, local, T];
+        # micro-step m takes rows m*local..(m+1)*local of this process's slice of the global draw.
         return {k: np.asarray(v).reshape(self.accum, -1, self.block) for k, v in b.items()}
 
     def train_iterator(self):
-        ds = train_dataset(
-            os.path.join(self.data_dir, "train.bin"),
+        return train_iterator(
+            self.data_dir,
             block_size=self.block,
             global_batch_size=self.batch * self.accum,
             seed=self.cfg.run.seed,
+            local_batch=self.local_batch,
         )
-        return _Mapped(iter(ds), self.local_batch)
 
     # --- model + step -----------------------------------------------------------------------
     def init(self, key):
         k_params, k_dropout = jax.random.split(key)
         model = GPT(self.model_cfg, rngs=nnx.Rngs(params=k_params, dropout=k_dropout))
         model.train()
-        tx = configure_optimizers(
-            weight_decay=self.optim.weight_decay,
-            learning_rate=self.lr_fn,
-            betas=(self.optim.beta1, self.optim.beta2),
-        )
-        return nnx.split((model, nnx.Optimizer(model, tx, wrt=nnx.Param)))
+        return init_train_state(model, self.optim)
 
     def train_step(self, state, batch):
         return train_step(
@@ -232,10 +144,7 @@ class GPTTask(Task):
 
     # --- eval -------------------------------------------------------------------------------
     def eval_step(self, state, batch):
-        """The batch's mean loss with dropout off, as a sum over one batch (nanoGPT's
-        estimate_loss averages these over eval_iters batches)."""
-        model, _ = nnx.merge(self.eval_graphdef, state)
-        return {"loss": model(batch["x"], batch["y"])[1], "count": jnp.float32(1)}
+        return eval_step(self.eval_graphdef, state, batch)
 
     def eval_metrics(self, sums: dict) -> dict:
         return {"loss": float(sums["loss"]) / float(sums["count"])}
@@ -321,27 +230,3 @@ class GPTTask(Task):
             "best_val_loss": meta.get("best"),
             "config": OmegaConf.to_container(self.cfg, resolve=True),
         }
-
-
-class _Mapped:
-    """An iterator with Grain's get_state/set_state that maps each element (state passes through)."""
-
-    def __init__(self, it, fn):
-        self.it, self.fn = it, fn
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        return self.fn(next(self.it))
-
-    # Grain's Orbax handler JSON-encodes DatasetIterator states itself but expects bytes from
-    # any other iterator; we are "any other", so encode the wrapped iterator's dict here.
-    def get_state(self) -> bytes:
-        return json.dumps(self.it.get_state()).encode()
-
-    def set_state(self, state):
-        self.it.set_state(json.loads(state) if isinstance(state, str | bytes) else state)
-
-    def start_prefetch(self):  # called by Grain's restore
-        getattr(self.it, "start_prefetch", lambda: None)()

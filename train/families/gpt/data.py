@@ -1,0 +1,129 @@
+"""The data of a GPT run: the `data` section (GPTDataConfig), building shakespeare_char on first
+use, the checks that a text data set fits the model, and the resumable train iterator.
+
+    meta = prepare_data(cfg.data)            # built when data.build says so; meta.json's entries
+    check_text_data(path, model_cfg, "data.path")
+    it = train_iterator(path, block_size=T, global_batch_size=B * accum, seed=s, local_batch=f)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+
+import numpy as np
+
+from data.shakespeare_char import build as build_shakespeare_char
+from data.text_source import read_meta, read_token_bin, train_dataset
+from train.errors import ConfigError
+from train.task import build_once
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class GPTDataConfig:
+    """The `data` section of a text data set (configs/data/shakespeare_char.yaml, openwebtext)."""
+
+    path: str = ""  # a directory with train.bin / val.bin / meta.json (data.text_source)
+    build: str | None = None  # shakespeare_char: built into `path` when it has no train.bin
+    input: str = ""  # the builder's input.txt (empty: downloaded); read only when building
+    sample_tokens: int = 0  # characters generated at each eval (0: none)
+
+
+DATA_RANGES = {"sample_tokens": ">=0"}  # train.config.check_ranges
+
+
+def prepare_data(d: dict) -> dict:
+    """The data set of the `data` section `d`, built first when data.build names a builder and
+    data.path holds none yet: -> its meta.json entries ({} without one)."""
+    path = d.get("path", "")
+    if not path:
+        raise ConfigError("data.path: directory with train.bin / val.bin / meta.json is required")
+    if os.path.exists(os.path.join(path, "train.bin")):
+        if d.get("input"):
+            log.warning(
+                "data.input=%r was not read: data.path=%r already holds built data "
+                "(train.bin); delete that directory (or set another data.path) to rebuild "
+                "from data.input",
+                d["input"],
+                path,
+            )
+    else:
+        builder = d.get("build")
+        if builder != "shakespeare_char":
+            raise ConfigError(
+                f"data.path={path!r} has no train.bin; build it first (python -m data.<name>)"
+            )
+        log.info("building %s into %s", builder, path)
+        build_once(
+            "gpt_data_built",
+            lambda: build_shakespeare_char(path, input_path=d.get("input") or None),
+        )
+    try:
+        return read_meta(path)
+    except FileNotFoundError:
+        return {}
+
+
+def check_text_data(data_dir: str, model_cfg, option: str) -> None:
+    """ConfigError (naming `option`) unless train.bin and val.bin open as uint16 tokens, hold
+    more than one window, and their tokens (val: all; train: the first 2**20) are below the
+    model's vocab_size."""
+    vocab, need = model_cfg.vocab_size, model_cfg.block_size + 2
+    for split in ("train", "val"):
+        path = os.path.join(data_dir, f"{split}.bin")
+        try:
+            tokens = read_token_bin(path)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{option}: {e}") from e
+        if len(tokens) < need:
+            raise ConfigError(
+                f"{option}: {path} has {len(tokens)} tokens; model.block_size="
+                f"{model_cfg.block_size} needs at least {need}"
+            )
+        top = int(np.max(tokens[: 1 << 20] if split == "train" else tokens))
+        if top >= vocab:
+            raise ConfigError(
+                f"{option}: {path} has token id {top}, not below the model's vocab_size="
+                f"{vocab} (meta.json vocab_size or model.vocab_size)"
+            )
+
+
+def train_iterator(
+    data_dir: str, *, block_size: int, global_batch_size: int, seed: int, local_batch
+):
+    """data.text_source's resumable windows of train.bin, each batch mapped by `local_batch`."""
+    ds = train_dataset(
+        os.path.join(data_dir, "train.bin"),
+        block_size=block_size,
+        global_batch_size=global_batch_size,
+        seed=seed,
+    )
+    return _Mapped(iter(ds), local_batch)
+
+
+class _Mapped:
+    """An iterator with Grain's get_state/set_state that maps each element (state passes through)."""
+
+    def __init__(self, it, fn):
+        self.it, self.fn = it, fn
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.fn(next(self.it))
+
+    # Grain's Orbax handler JSON-encodes DatasetIterator states itself but expects bytes from
+    # any other iterator; we are "any other", so encode the wrapped iterator's dict here.
+    def get_state(self) -> bytes:
+        return json.dumps(self.it.get_state()).encode()
+
+    def set_state(self, state):
+        self.it.set_state(json.loads(state) if isinstance(state, str | bytes) else state)
+
+    def start_prefetch(self):  # called by Grain's restore
+        getattr(self.it, "start_prefetch", lambda: None)()

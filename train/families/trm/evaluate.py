@@ -1,0 +1,187 @@
+"""TRM's part of `python -m train.evaluate` (docs/evaluation.md).
+
+The numbers are upstream's (a fresh carry per batch, all halt_max_steps ACT steps, no early
+halting, metrics of the last step, summed over the test split and divided by the count), computed
+by the trainer's own evaluation loop (TRMTask.run_eval), so a run's last logged eval and this report
+agree exactly on the same checkpoint, data and batch size. On top: accuracy after every ACT step
+(`per_step`), --extra-steps K more steps past halt_max_steps, --halt (the Q head halts rows, as in
+training), --show N boards with the prediction after each step, --plot the accuracy per step.
+--data may be a data set in the upstream layout (its test split), a Sudoku CSV (Sudoku-Extreme
+columns source,question,answer,rating), or an ARC data set (test_puzzles.json beside it: pass@K
+with upstream's voting over augmentations).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import numpy as np
+
+from data.arc_eval import ARCEvaluator
+from data.puzzle_format import write_dataset
+from data.puzzle_source import PuzzleTestDataset
+from data.sudoku import check_sudoku_pairs, sudoku_split
+from data.sudoku_sources import read_sudoku_csv
+from models.trm.eval_step import eval_step
+from train.errors import ConfigError
+from train.families.trm.show import (
+    puzzle_boards,
+    render_text,
+    save_accuracy_plot,
+    save_gif,
+    save_png,
+)
+from train.mesh import check_batch_divisible
+from train.task import Evaluation
+
+PASS_KS_SHOWN = (1, 2, 5, 10)
+
+
+class TRMEvaluation(Evaluation):
+    """upstream's evaluate on the test split of --data (a puzzle data set, a Sudoku CSV, or an ARC
+    set: pass@K with upstream's voting): exact and token accuracy, Q-halt accuracy, mean steps,
+    the accuracy after every ACT step; --extra-steps, --halt, --show and --plot on top."""
+
+    needs_data = True
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--extra-steps", type=int, default=0, metavar="K",
+                            help="K more ACT steps past halt_max_steps")  # fmt: skip
+        parser.add_argument(
+            "--halt", action="store_true", help="Q-head halting on (as in training)"
+        )
+        parser.add_argument("--show", type=int, default=0, metavar="N",
+                            help="print N puzzles with the prediction after every ACT step")  # fmt: skip
+        parser.add_argument("--plot", default=None, metavar="OUT.png", help="accuracy vs ACT step")
+
+    def convert_data(self, path: str, tmp_dir: str) -> str | None:
+        if os.path.isfile(path) and path.endswith(".csv"):
+            return sudoku_csv_dataset(path, os.path.join(tmp_dir, "sudoku_csv"))
+        return None
+
+    def report(self, src, data, *, batch=None, save_dir=None, progress=False, extra_steps=0,
+               halt=False, show=0, plot=None) -> dict:  # fmt: skip
+        return evaluate_trm(
+            src.task, src.state, data, trained_on=src.trained_on, extra_steps=extra_steps,
+            halt=halt, show=show, batch=batch, save_dir=save_dir, progress=progress,
+        )  # fmt: skip
+
+    def table(self, r: dict) -> list[str]:
+        mode = "Q-head halting on" if r["halt"] else "no halting (upstream)"
+        lines = [
+            f"{r['count']} puzzles, {r['steps_run']} ACT steps (halt_max_steps "
+            f"{r['halt_max_steps']} + {r['extra_steps']} extra), {mode}",
+            f"exact accuracy   {r['exact_accuracy']:.4f}",
+            f"token accuracy   {r['token_accuracy']:.4f}",
+            f"q-halt accuracy  {r['q_halt_accuracy']:.4f}",
+            f"mean steps       {r['mean_steps']:.2f}",
+            f"lm loss          {r['lm_loss']:.4f}",
+        ]
+        lines += [f"pass@{k:<11d}{r[f'pass@{k}']:.4f}" for k in PASS_KS_SHOWN if f"pass@{k}" in r]
+        lines.append("ACT step   exact   token")
+        ps = r["per_step"]
+        for i, (e, t) in enumerate(zip(ps["exact_accuracy"], ps["token_accuracy"])):
+            mark = (
+                "  <- halt_max_steps" if i + 1 == r["halt_max_steps"] and r["extra_steps"] else ""
+            )
+            lines.append(f"{i + 1:8d}  {e:.4f}  {t:.4f}{mark}")
+        return lines
+
+    def finish(self, report: dict, options: dict) -> None:
+        boards = report.pop("show", None)
+        if boards:
+            print()
+            print(render_text(boards))
+        path = options.get("plot")
+        if path:
+            save_accuracy_plot(report["per_step"], report["halt_max_steps"], path, report["source"])
+            print(f"wrote {path}")
+            if boards:
+                stem = os.path.splitext(path)[0]
+                print(f"wrote {save_png(boards, stem + '_show.png')}")
+                print(f"wrote {save_gif(boards, stem + '_show.gif')}")
+
+
+def sudoku_csv_dataset(csv_path: str, out_dir: str) -> str:
+    """A Sudoku-Extreme CSV as the test split of an upstream-layout data set in `out_dir`."""
+    records = read_sudoku_csv(csv_path)
+    if not len(records):
+        raise ConfigError(f"{csv_path}: no puzzles (expected rows source,question,answer,rating)")
+    check_sudoku_pairs(records.questions, records.answers, f"{csv_path} ")
+    split = sudoku_split(records.questions, records.answers, np.ones(len(records), np.int64))
+    write_dataset(out_dir, {"test": split}, ["<blank>"], overwrite=True)
+    return out_dir
+
+
+def evaluate_trm(task, state, data: str, *, trained_on=None, extra_steps=0, halt=False, show=0,
+                 batch=None, save_dir=None, progress=False) -> dict:  # fmt: skip
+    """The evaluation report of a TRM state on `data`'s test split (see the module docstring)."""
+    if extra_steps < 0:
+        raise ConfigError(f"--extra-steps {extra_steps}: expected >= 0")
+    task.check_eval_data(data, trained_on)
+    if batch is not None:
+        if batch <= 0:
+            raise ConfigError(f"--batch {batch}: expected a positive number of puzzles")
+        check_batch_divisible(task.mesh, task.cfg.mesh.rules, {"--batch": batch})
+    is_arc = os.path.isfile(os.path.join(data, "test_puzzles.json"))
+    evaluator = ARCEvaluator(data) if is_arc else None  # one checkpoint alone: fresh votes
+    res = task.run_eval(
+        state,
+        data_dir=data,
+        batch_size=batch,
+        extra_steps=extra_steps,
+        halt=halt,
+        evaluator=evaluator,
+        progress=progress,
+    )
+    m = res["metrics"]
+    n = task.model_cfg.halt_max_steps
+    out = {
+        "exact_accuracy": m["exact_accuracy"],
+        "token_accuracy": m["accuracy"],
+        "count": int(res["count"]),
+        "lm_loss": m["lm_loss"],
+        "q_halt_accuracy": m["q_halt_accuracy"],
+        "q_halt_loss": m["q_halt_loss"],
+        "mean_steps": m["steps"],
+        "halt_max_steps": n,
+        "steps_run": n + extra_steps,
+        "extra_steps": extra_steps,
+        "halt": halt,
+        "per_step": {
+            "exact_accuracy": res["per_step"]["exact_accuracy"],
+            "token_accuracy": res["per_step"]["accuracy"],
+        },
+        # the trainer's own metric names (metrics.jsonl), for a side-by-side check
+        "metrics": {f"eval/all/{k}": v for k, v in m.items()},
+    }
+    if evaluator is not None:
+        arc = evaluator.result(save_dir) or {}
+        for k, v in arc.items():  # "ARC/pass@K" (upstream's name) and plain "pass@K"
+            out[k] = float(v)
+            out[k.split("/")[-1]] = float(v)
+    if show:
+        out["show"] = show_boards(task, state, data, show, extra_steps)
+    return out
+
+
+def show_boards(task, state, data: str, n: int, extra_steps: int = 0):
+    """Boards of the first `n` test puzzles with the prediction after every ACT step."""
+    ds = PuzzleTestDataset(data, global_batch_size=max(n, 1), process_index=0, process_count=1)
+    rows = ds[0]
+    k = int(rows["mask"].sum())
+    batch = {key: rows[key][:k] for key in ("inputs", "labels", "puzzle_identifiers")}
+    fn = jax.jit(
+        functools.partial(
+            eval_step, task.graphdef, config=task.optim, extra_steps=extra_steps, trace=True
+        )
+    )
+    with jax.set_mesh(task.mesh):
+        out = jax.device_get(fn(state["train"], batch))
+    m = task.model_cfg
+    return puzzle_boards(
+        batch["inputs"], batch["labels"], out["step_preds"], out["step_halts"],
+        m.seq_len, m.vocab_size,
+    )  # fmt: skip
