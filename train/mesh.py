@@ -49,12 +49,20 @@ def make_mesh(mesh_cfg, devices=None) -> Mesh:
     return jax.make_mesh(shape, AXES, axis_types=(axis_type,) * 3, devices=devices)
 
 
+def _batch_axes(rules) -> tuple[str, ...]:
+    axes = logical_to_mesh(rules, "batch")
+    return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def batch_shards(mesh: Mesh, rules) -> int:
+    """How many shards the batch axis is split into (the devices of the `batch` rule's axes)."""
+    return math.prod(mesh.shape[a] for a in _batch_axes(rules))
+
+
 def check_batch_divisible(mesh: Mesh, rules, batches: dict[str, int]) -> None:
     """ConfigError unless every batch size (config key -> value) divides evenly over the mesh
     axes of the `batch` rule (else JAX fails at the first step with a sharding error)."""
-    axes = logical_to_mesh(rules, "batch")
-    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-    n = math.prod(mesh.shape[a] for a in axes)
+    axes, n = _batch_axes(rules), batch_shards(mesh, rules)
     for key, size in batches.items():
         if size and size % n:
             shape = ", ".join(f"{a}={mesh.shape[a]}" for a in mesh.axis_names)

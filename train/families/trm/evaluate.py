@@ -5,7 +5,10 @@ halting, metrics of the last step, summed over the test split and divided by the
 by the trainer's own evaluation loop (TRMTask.run_eval), so a run's last logged eval and this report
 agree exactly on the same checkpoint, data and batch size. On top: accuracy after every ACT step
 (`per_step`), --extra-steps K more steps past halt_max_steps, --halt (the Q head halts rows, as in
-training), --show N boards with the prediction after each step, --plot the accuracy per step.
+training), --show N boards with the prediction after each step, --plot the accuracy per step,
+--trajectories K --noise SIGMA [--select q_halt|vote] [--seed S]: test-time scaling, K noisy
+trajectories per puzzle and one answer chosen (models/trm/scaling.py; docs/evaluation.md,
+"Test-time scaling").
 --data may be a data set in the upstream layout (its test split), a Sudoku CSV (Sudoku-Extreme
 columns source,question,answer,rating), or an ARC data set (test_puzzles.json beside it: pass@K
 with upstream's voting over augmentations).
@@ -24,7 +27,9 @@ from data.puzzle_format import write_dataset
 from data.puzzle_source import PuzzleTestDataset
 from data.sudoku import check_sudoku_pairs, sudoku_split
 from data.sudoku_sources import read_sudoku_csv
-from models.trm.eval_step import eval_step
+from models.trm.eval_step import LatentNoise, eval_step, noised_latents
+from models.trm.models import INNERS
+from models.trm.scaling import SELECT
 from train.errors import ConfigError
 from train.families.trm.show import (
     puzzle_boards,
@@ -55,6 +60,15 @@ class TRMEvaluation(Evaluation):
         parser.add_argument("--show", type=int, default=0, metavar="N",
                             help="print N puzzles with the prediction after every ACT step")  # fmt: skip
         parser.add_argument("--plot", default=None, metavar="OUT.png", help="accuracy vs ACT step")
+        parser.add_argument("--trajectories", type=int, default=None, metavar="K",
+                            help="test-time scaling: K noisy trajectories per puzzle")  # fmt: skip
+        parser.add_argument("--noise", type=float, default=None, metavar="SIGMA",
+                            help="their Gaussian noise on the latents before every ACT step")  # fmt: skip
+        parser.add_argument("--select", default=None, choices=SELECT,
+                            help="the answer: highest q_halt (default) or majority vote")  # fmt: skip
+        parser.add_argument("--seed", type=int, default=None, help="the noise's seed (default 0)")
+        parser.add_argument("--noise-latents", default=None, metavar="NAMES",
+                            help="comma-separated latents to noise (default: the arch's z_L)")  # fmt: skip
 
     def convert_data(self, path: str, tmp_dir: str) -> str | None:
         if os.path.isfile(path) and path.endswith(".csv"):
@@ -62,10 +76,13 @@ class TRMEvaluation(Evaluation):
         return None
 
     def report(self, src, data, *, batch=None, save_dir=None, progress=False, extra_steps=0,
-               halt=False, show=0, plot=None) -> dict:  # fmt: skip
+               halt=False, show=0, plot=None, trajectories=None, noise=None, select=None,
+               seed=None, noise_latents=None) -> dict:  # fmt: skip
+        scaling = _scaling(trajectories, noise, select, seed, noise_latents, show)
         return evaluate_trm(
             src.task, src.state, data, trained_on=src.trained_on, extra_steps=extra_steps,
             halt=halt, show=show, batch=batch, save_dir=save_dir, progress=progress,
+            scaling=scaling,
         )  # fmt: skip
 
     def table(self, r: dict) -> list[str]:
@@ -80,7 +97,11 @@ class TRMEvaluation(Evaluation):
             f"lm loss          {r['lm_loss']:.4f}",
         ]
         lines += [f"pass@{k:<11d}{r[f'pass@{k}']:.4f}" for k in PASS_KS_SHOWN if f"pass@{k}" in r]
-        lines.append("ACT step   exact   token")
+        if "trajectories" in r:
+            lines += _trajectories_table(r["trajectories"])
+        lines.append(
+            "ACT step   exact   token" + ("  (every trajectory)" if "trajectories" in r else "")
+        )
         ps = r["per_step"]
         for i, (e, t) in enumerate(zip(ps["exact_accuracy"], ps["token_accuracy"])):
             mark = (
@@ -115,11 +136,101 @@ def sudoku_csv_dataset(csv_path: str, out_dir: str) -> str:
     return out_dir
 
 
+def _scaling(trajectories, noise, select, seed, noise_latents, show) -> dict | None:
+    """The test-time scaling options, checked (None: the plain evaluation)."""
+    given = {"--noise": noise, "--select": select, "--seed": seed, "--noise-latents": noise_latents}
+    if trajectories is None and noise is None:
+        extra = [k for k, v in given.items() if v is not None]
+        if extra:
+            raise ConfigError(f"{extra[0]}: only with --trajectories K (test-time scaling)")
+        return None
+    K = 1 if trajectories is None else trajectories
+    if K < 1:
+        raise ConfigError(f"--trajectories {K}: expected >= 1")
+    if noise is not None and not noise >= 0:
+        raise ConfigError(f"--noise {noise}: expected a standard deviation >= 0")
+    if show:
+        raise ConfigError(
+            "--show draws the plain recursion; it does not combine with --trajectories / --noise"
+        )
+    latents = tuple(noise_latents.split(",")) if noise_latents else None
+    return {
+        "trajectories": K,
+        "noise": LatentNoise(float(noise or 0.0), int(seed or 0), latents),
+        "select": select or "q_halt",
+    }
+
+
+def _trajectories_table(t: dict) -> list[str]:
+    lines = [
+        f"test-time scaling: {t['trajectories']} trajectories, noise {t['noise']} on "
+        f"{', '.join(t['latents'])}, select {t['select']}, seed {t['seed']}",
+        "k          exact   token   oracle (any of k right)",
+    ]
+    for k, m in t["by_k"].items():
+        lines.append(
+            f"{k:<9d}  {m['exact_accuracy']:.4f}  {m['token_accuracy']:.4f}  "
+            f"{m['oracle_exact_accuracy']:.4f}"
+        )
+    return lines
+
+
+def _run(task, state, data, *, batch, extra_steps, halt, evaluator, progress, scaling):
+    """run_eval, or run_trajectories with the scaling options."""
+    if scaling is None:
+        return task.run_eval(
+            state, data_dir=data, batch_size=batch, extra_steps=extra_steps, halt=halt,
+            evaluator=evaluator, progress=progress,
+        )  # fmt: skip
+    return task.run_trajectories(
+        state, data_dir=data, rows=batch, extra_steps=extra_steps, halt=halt,
+        evaluator=evaluator, progress=progress, **scaling,
+    )  # fmt: skip
+
+
+def _scaling_report(task, res: dict, scaling: dict) -> dict:
+    """The report's `trajectories` block; with K > 1 the headline accuracies are the chosen
+    answers' (K = 1: the plain evaluation's own, unchanged)."""
+    noise, K = scaling["noise"], scaling["trajectories"]
+    latents = noise.latents or noised_latents(INNERS[task.model_cfg.arch].latent_names)
+    block = {
+        "trajectories": K,
+        "noise": noise.sigma,
+        "latents": list(latents),
+        "select": scaling["select"],
+        "seed": noise.seed,
+        "trajectory_count": int(res["trajectory_count"]),
+        "by_k": {
+            int(k): {
+                "exact_accuracy": m["exact_accuracy"],
+                "token_accuracy": m["accuracy"],
+                "oracle_exact_accuracy": m["oracle_exact_accuracy"],
+            }
+            for k, m in res["by_k"].items()
+        },
+    }
+    block["oracle_exact_accuracy"] = block["by_k"][K]["oracle_exact_accuracy"]
+    out = {"trajectories": block}
+    if K > 1:
+        out["exact_accuracy"] = res["chosen"]["exact_accuracy"]
+        out["token_accuracy"] = res["chosen"]["accuracy"]
+    return out
+
+
 def evaluate_trm(task, state, data: str, *, trained_on=None, extra_steps=0, halt=False, show=0,
-                 batch=None, save_dir=None, progress=False) -> dict:  # fmt: skip
-    """The evaluation report of a TRM state on `data`'s test split (see the module docstring)."""
+                 batch=None, save_dir=None, progress=False, scaling=None) -> dict:  # fmt: skip
+    """The evaluation report of a TRM state on `data`'s test split (see the module docstring);
+    `scaling` (the checked test-time scaling options) adds K noisy trajectories per puzzle."""
     if extra_steps < 0:
         raise ConfigError(f"--extra-steps {extra_steps}: expected >= 0")
+    if scaling is not None and scaling["noise"].latents:
+        names = INNERS[task.model_cfg.arch].latent_names
+        unknown = [n for n in scaling["noise"].latents if n not in names]
+        if unknown:
+            raise ConfigError(
+                f"--noise-latents {','.join(scaling['noise'].latents)}: {unknown[0]!r} is not a "
+                f"latent of arch {task.model_cfg.arch} (its latents: {', '.join(names)})"
+            )
     task.check_eval_data(data, trained_on)
     if batch is not None:
         if batch <= 0:
@@ -127,15 +238,10 @@ def evaluate_trm(task, state, data: str, *, trained_on=None, extra_steps=0, halt
         check_batch_divisible(task.mesh, task.cfg.mesh.rules, {"--batch": batch})
     is_arc = os.path.isfile(os.path.join(data, "test_puzzles.json"))
     evaluator = ARCEvaluator(data) if is_arc else None  # one checkpoint alone: fresh votes
-    res = task.run_eval(
-        state,
-        data_dir=data,
-        batch_size=batch,
-        extra_steps=extra_steps,
-        halt=halt,
-        evaluator=evaluator,
-        progress=progress,
-    )
+    res = _run(
+        task, state, data, batch=batch, extra_steps=extra_steps, halt=halt, evaluator=evaluator,
+        progress=progress, scaling=scaling,
+    )  # fmt: skip
     m = res["metrics"]
     n = task.model_cfg.halt_max_steps
     out = {
@@ -157,6 +263,8 @@ def evaluate_trm(task, state, data: str, *, trained_on=None, extra_steps=0, halt
         # the trainer's own metric names (metrics.jsonl), for a side-by-side check
         "metrics": {f"eval/all/{k}": v for k, v in m.items()},
     }
+    if scaling is not None:
+        out.update(_scaling_report(task, res, scaling))
     if evaluator is not None:
         arc = evaluator.result(save_dir) or {}
         for k, v in arc.items():  # "ARC/pass@K" (upstream's name) and plain "pass@K"

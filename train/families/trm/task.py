@@ -32,11 +32,12 @@ from data.arc_eval import ARCEvaluator
 from data.puzzle_source import PuzzleTestDataset, PuzzleTrainDataset
 from models.state_dict import load_file
 from models.trm import TRM, TRMConfig
-from models.trm.eval_step import eval_step
+from models.trm.eval_step import LatentNoise, eval_step
 from models.trm.flops import trm_flops_per_step
 from models.trm.losses import normalize_metrics
 from models.trm.optim import total_steps as schedule_steps
 from models.trm.params import from_torch, to_torch
+from models.trm.scaling import prefix_ks, trajectories_step
 from models.trm.train_step import TRMOptimConfig, ema_model, init_train_state, train_step
 from train import mesh as mesh_lib
 from train.config import build_dataclass, check_fields, check_ranges
@@ -289,6 +290,76 @@ class TRMTask(Task):
             "count": count,
             "evaluator": evaluator,
         }
+
+    def run_trajectories(self, state, *, data_dir: str, rows: int | None = None,
+                         trajectories: int, noise: LatentNoise, select: str = "q_halt",
+                         extra_steps: int = 0, halt: bool = False, evaluator=None,
+                         progress: bool = False) -> dict:  # fmt: skip
+        """Test-time scaling (models/trm/scaling.py): `trajectories` noisy copies of every test
+        puzzle of `data_dir`, one answer chosen per puzzle by `select`, as one batch of `rows`
+        rows (default: the evaluation batch) per call, i.e. rows // trajectories puzzles (a
+        multiple of the data-parallel shards, at least one per shard). -> run_eval's result plus
+        "chosen" (the chosen answers' metrics) and "by_k" (k -> their metrics had only the first
+        k trajectories been drawn, and the oracle); `metrics` and `per_step` are over every
+        trajectory. `evaluator` gets the chosen answers."""
+        rows = rows or self.data_cfg.eval_batch_size or self.batch
+        shards = mesh_lib.batch_shards(self.mesh, self.cfg.mesh.rules)
+        puzzles = max(rows // trajectories // shards, 1) * shards
+        ds = PuzzleTestDataset(data_dir, global_batch_size=puzzles)
+        shapes = {**self.batch_shapes(puzzles), "example": ((puzzles,), np.int32, 0)}
+        ks = prefix_ks(trajectories)
+        fn = self._trajectories_fn_for(
+            puzzles, trajectories, noise, select, int(extra_steps), bool(halt), ks
+        )
+        total = None
+        for i, local in enumerate(tqdm(ds, desc="evaluate", unit="batch", disable=not progress)):
+            first = i * ds.global_batch_size + ds.row_start
+            local = {**local, "example": np.arange(first, first + ds.local_batch_size)}
+            out = fn(state["train"], self.to_global(local, shapes))
+            sums = {k: out[k] for k in ("sums", "chosen", "per_step", "by_k")}
+            total = sums if total is None else jax.tree.map(jnp.add, total, sums)
+            if evaluator is not None:
+                evaluator.update_batch(
+                    local, {k: _local_rows(out[k]) for k in ("preds", "q_halt_logits")}
+                )
+        # host float64 from here
+        total = jax.tree.map(lambda x: np.asarray(x, np.float64).tolist(), jax.device_get(total))
+        count, puzzles_counted = total["sums"]["count"], total["chosen"]["count"]
+        return {
+            "metrics": self.eval_metrics(total["sums"]),
+            "per_step": {k: [x / count for x in v] for k, v in total["per_step"].items()},
+            "count": puzzles_counted,
+            "trajectory_count": count,
+            "chosen": {k: v / puzzles_counted for k, v in total["chosen"].items() if k != "count"},
+            "by_k": {
+                k: {m: v / puzzles_counted for m, v in d.items()} for k, d in total["by_k"].items()
+            },
+            "evaluator": evaluator,
+        }
+
+    def _trajectories_fn_for(self, puzzles, trajectories, noise, select, extra_steps, halt, ks):
+        """The jitted trajectories_step for these options (one compile each)."""
+        key = ("trajectories", puzzles, trajectories, noise, select, extra_steps, halt, ks)
+        if key not in self._eval_fns:
+            shapes = {**self.batch_shapes(puzzles), "example": ((puzzles,), np.int32, 0)}
+            batch_sh = {k: v.sharding for k, v in self.abstract_batch(shapes).items()}
+            replicated = mesh_lib.replicated(self.mesh)
+            out_sh = {
+                "sums": replicated,
+                "chosen": replicated,
+                "per_step": replicated,
+                "by_k": replicated,
+                "preds": batch_sh["inputs"],
+                "q_halt_logits": self.batch_sharding(1),
+            }
+            fn = functools.partial(
+                trajectories_step, self.graphdef, config=self.optim, trajectories=trajectories,
+                noise=noise, select=select, extra_steps=extra_steps, halt=halt, ks=ks,
+            )  # fmt: skip
+            self._eval_fns[key] = jax.jit(
+                fn, in_shardings=(self.state_shardings["train"], batch_sh), out_shardings=out_sh
+            )
+        return self._eval_fns[key]
 
     def _eval_fn_for(self, batch: int, extra_steps: int, halt: bool):
         """The jitted eval step for this batch size and these options (one compile each)."""
