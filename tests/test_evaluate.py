@@ -1,6 +1,7 @@
 """`python -m train.evaluate`: the trainer's own numbers from a run directory, an exported
 upstream-format checkpoint and a Sudoku CSV; per-step accuracy, --extra-steps, --halt, --show,
-ARC pass@K, and one-line errors. One tiny TRM run is trained per module."""
+ARC pass@K, test-time scaling (--trajectories, --noise), and one-line errors. One tiny TRM run is
+trained per module."""
 
 from __future__ import annotations
 
@@ -384,3 +385,54 @@ def test_nanogpt_run_and_ckpt_pt_give_the_trainers_losses(tmp_path):
     assert from_pt["kind"] == "nanogpt"
     for r in (from_run, from_pt):
         assert r["val_loss"] == want["eval/val_loss"] and r["train_loss"] == want["eval/train_loss"]
+
+
+@pytest.mark.slow
+def test_one_trajectory_without_noise_is_the_plain_evaluation(run):
+    """`--trajectories 1 --noise 0` gives the plain report, every key and value EXACTLY, plus
+    its `trajectories` block (one k, the oracle = the plain exact accuracy)."""
+    run_dir, _, _ = run
+    plain = evaluate(run_dir)
+    one = evaluate(run_dir, trajectories=1, noise=0.0)
+    block = one.pop("trajectories")
+    assert one == plain
+    assert block["trajectories"] == 1 and block["noise"] == 0.0 and block["latents"] == ["z_L"]
+    assert list(block["by_k"]) == [1]
+    assert block["oracle_exact_accuracy"] == plain["exact_accuracy"]
+    assert block["by_k"][1]["exact_accuracy"] == plain["exact_accuracy"]
+
+
+@pytest.mark.slow
+def test_trajectories_are_reproducible_differ_and_report_every_k(run):
+    """The same --seed gives the same report; another seed another; the trajectories differ
+    (their losses are not the plain one); the curve has k = 1, 2, 4 and the oracle never falls
+    below the chosen answer's accuracy nor decreases with k."""
+    run_dir, _, _ = run
+    kw = dict(trajectories=4, noise=2.0, batch=32)
+    a, b = evaluate(run_dir, seed=3, **kw), evaluate(run_dir, seed=3, **kw)
+    assert a == b
+    c = evaluate(run_dir, seed=4, **kw)
+    assert c["lm_loss"] != a["lm_loss"]
+    assert a["lm_loss"] != evaluate(run_dir)["lm_loss"]
+    t = a["trajectories"]
+    assert list(t["by_k"]) == [1, 2, 4] and t["trajectory_count"] == 4 * a["count"]
+    oracle = [m["oracle_exact_accuracy"] for m in t["by_k"].values()]
+    assert oracle == sorted(oracle)
+    assert all(m["oracle_exact_accuracy"] >= m["exact_accuracy"] for m in t["by_k"].values())
+    assert a["exact_accuracy"] == t["by_k"][4]["exact_accuracy"]
+    vote = evaluate(run_dir, seed=3, select="vote", **kw)
+    assert vote["trajectories"]["select"] == "vote" and vote["lm_loss"] == a["lm_loss"]
+
+
+@pytest.mark.slow
+def test_trajectory_options_fail_in_one_line(run):
+    run_dir, _, _ = run
+    cases = {
+        ("--select", "vote"): "--select: only with --trajectories K",
+        ("--trajectories", "0"): "--trajectories 0: expected >= 1",
+        ("--trajectories", "2", "--noise", "-1"): "--noise -1.0: expected a standard deviation",
+        ("--trajectories", "2", "--show", "1"): "--show draws the plain recursion",
+        ("--trajectories", "2", "--noise-latents", "z_Q"): "'z_Q' is not a latent of arch trm",
+    }
+    for argv, expected in cases.items():
+        assert expected in _one_line_error(None, [run_dir, *argv]), argv
