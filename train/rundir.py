@@ -119,6 +119,19 @@ class LocalClaim:
             )
         self._write(Owner.me().dumps())
 
+    def probe(self) -> None:
+        """ConfigError (the line a second writer gets) when a live trainer holds the directory;
+        nothing is claimed or written."""
+        if not os.path.exists(self.path):
+            return
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            raise busy_error(self.run_dir, self.owner()) from None
+        finally:
+            os.close(fd)
+
     def owner(self) -> Owner | None:
         """The owner the lock file names (for the message of a refused claim)."""
         try:
@@ -211,15 +224,26 @@ class LeaseClaim:
     def _record(self) -> str:
         return self.me.dumps(renewed=time.time(), ttl_s=self.ttl_s)
 
+    def _age_unless_live(self, text: str | None) -> float | None:
+        """Seconds since the lease `text` was last renewed (None: no lease); ConfigError while
+        that is under its TTL (a live owner)."""
+        if text is None:
+            return None
+        record = _parse(text)
+        age, ttl = time.time() - record.get("renewed", 0.0), record.get("ttl_s", self.ttl_s)
+        if age < ttl:
+            more = f", renewed {age:.0f} s ago, expires in {ttl - age:.0f} s"
+            raise busy_error(self.run_dir, Owner.parse(text), more)
+        return age
+
+    def probe(self) -> None:
+        """ConfigError when a live trainer holds the lease; nothing is written."""
+        self._age_unless_live(self.store.read()[0])
+
     def acquire(self) -> None:
         for _ in range(3):  # a lost race re-reads the object
             text, generation = self.store.read()
-            if text is not None:
-                record = _parse(text)
-                age = time.time() - record.get("renewed", 0.0)
-                if age < record.get("ttl_s", self.ttl_s):
-                    more = f", renewed {age:.0f} s ago, expires in {record['ttl_s'] - age:.0f} s"
-                    raise busy_error(self.run_dir, Owner.parse(text), more)
+            age = self._age_unless_live(text)
             try:
                 self.generation = self.store.write(self._record(), generation)
             except Conflict:
@@ -316,23 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 2 or args[0] != "check":
         print("usage: python -m train.rundir check RUN_DIR", file=sys.stderr)
         return 2
-    run_dir = args[1]
     try:
-        if "://" in run_dir:
-            text, _ = GcsObject(f"{run_dir}/{LEASE_FILE}").read()
-            record = _parse(text or "")
-            age = time.time() - record.get("renewed", 0.0)
-            if text is not None and age < record.get("ttl_s", LEASE_TTL_S):
-                raise busy_error(run_dir, Owner.parse(text), f", renewed {age:.0f} s ago")
-        elif os.path.exists(os.path.join(run_dir, LOCK_FILE)):
-            probe = LocalClaim(run_dir)
-            fd = os.open(probe.path, os.O_RDONLY)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except OSError:
-                raise busy_error(run_dir, probe.owner()) from None
-            finally:
-                os.close(fd)
+        make_claim(args[1]).probe()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
