@@ -72,6 +72,7 @@ def _two_step_run(config: str, out, *extra: str) -> dict:
     )  # fmt: skip
 
 
+@pytest.mark.slow  # two implementations' runs; the default tier checks the summary and a failing one
 def test_two_step_run_writes_complete_record(tmp_path, monkeypatch):
     pytest.importorskip("torch")  # the PyTorch side of the pair (parity extra)
     monkeypatch.setitem(bench_configs.CONFIGS, "micro_gpt", _MICRO_GPT)

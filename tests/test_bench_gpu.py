@@ -187,6 +187,7 @@ def _check_measured(by: dict) -> None:
             assert by[key]["result"]["steps_per_s"] > 0 and by[key]["result"]["projected_h"] > 0
 
 
+@pytest.mark.slow  # ~2 min of one worker: the whole dry run, to its budget
 def test_dry_run_runs_every_part_within_the_budget(tmp_path):
     """The dry run as it is, within its budget: what does not fit is recorded, never lost."""
     assets, parts, wall = _dry_run(tmp_path)

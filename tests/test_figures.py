@@ -9,6 +9,8 @@ is checked here against the place that holds it.
 - Tiny runs (trm_sudoku_tiny = `make demo`, gpt_shakespeare_char_tiny): the source is
   docs/training.md's "Tiny runs" table; the README row, the experiment config and the comment
   above tests/test_reproductions.py's bound state the same values.
+- Test-time scaling: the source is bench/results/ttsc/<name>.json (written by `python -m bench
+  ttsc`); docs/evaluation.md's table, the README rows and the reproduction's bound state it.
 
 A rerun of a measurement changes its source; this test then names every place still stating the
 old value.
@@ -143,3 +145,40 @@ def test_the_reproduction_bound_cites_the_measured_range(curves):
     assert f"{low:.3f} to {high:.3f}" in text
     bound = float(re.search(r"TRM_EXACT_MIN = ([\d.]+)", text).group(1))
     assert bound < low
+
+
+def _ttsc(name: str) -> dict:
+    with open(os.path.join(REPO, "bench", "results", "ttsc", f"{name}.json")) as f:
+        return json.load(f)
+
+
+def test_test_time_scaling_figures_are_the_bench_results():
+    docs = _read("docs/evaluation.md")
+    for name, ks in (("trm_sudoku_cpu", ("16", "32")), ("trm_sudoku_tiny", ("16",))):
+        r = _ttsc(name)
+        t, plain = r["test"], r["test"]["plain"]["exact_accuracy"]
+        for k in ks:
+            c = t["curve"][k]
+            row = (
+                f"| {t['count']} | {plain:.3f} | {r['sigma_star']} | {k} | "
+                f"{c['exact_accuracy']:.3f}"
+            )
+            assert row.replace("**", "") in docs.replace("**", ""), (name, k, row)
+            assert f"{c['oracle_exact_accuracy']:.3f} |" in docs, (name, k)
+        K = str(r["trajectories"])
+        readme = _readme_row(name)
+        if name == "trm_sudoku_cpu":
+            assert f"{plain:.3f} → {t['curve'][K]['exact_accuracy']:.3f}" in readme, readme
+            assert f"`--trajectories {K} --noise {r['sigma_star']:g}`" in readme, readme
+            text = _read("tests/test_reproductions.py")
+            gain = t["curve"]["16"]["exact_accuracy"] - plain
+            assert f"gain {gain:.3f}" in text
+            trajectories, noise, bound = re.search(
+                r"TTSC_TRAJECTORIES, TTSC_NOISE, TTSC_GAIN_MIN = (\d+), ([\d.]+), ([\d.]+)", text
+            ).groups()
+            assert (int(trajectories), float(noise)) == (16, r["sigma_star"])
+            assert float(bound) < gain / 2
+        else:
+            assert (
+                f"a run at {plain:.2f}: {t['curve'][K]['exact_accuracy']:.2f} at K = {K}" in readme
+            )

@@ -253,6 +253,7 @@ def test_golden_training_exercises_what_it_claims():
         assert not np.allclose(floats[f"param.{name}"], floats[f"ema.{name}"], rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow  # a process per variant; the default tier checks the trainer's steps
 def test_train_evaluate_reproduces_upstream_evaluate(data_dir, tmp_path, x64):
     """`python -m train.evaluate CHECKPOINT --data DIR --json OUT` on the step_N file and
     all_config.yaml that upstream's save_train_state / save_code_and_config wrote (keys without

@@ -11,7 +11,7 @@ compilation cache differ) and checks the run's own metrics.jsonl / `train.evalua
   step's exact accuracy beats the first by >= TRM_ACT_GAIN_MIN.
 - the `make demo` run (trm_sudoku_tiny): its held-out exact accuracy rises across ACT steps by
   >= DEMO_ACT_GAIN_MIN (the demo shows refinement, not puzzles already solved at step 1).
-- test-time scaling of the trm_sudoku_cpu run (`train.evaluate --trajectories 16 --noise 1`,
+- test-time scaling of the trm_sudoku_cpu run (`train.evaluate --trajectories 16 --noise 2`,
   sigma chosen on a validation split: docs/evaluation.md, "Test-time scaling"): the chosen
   answers' exact accuracy beats the plain evaluation's by >= TTSC_GAIN_MIN.
 """
@@ -36,9 +36,10 @@ TRM_EXACT_MIN = 0.35
 TRM_ACT_GAIN_MIN = 0.3
 # make demo (trm_sudoku_tiny, 2000 steps): per ACT step 0.53, 0.86, 0.88, 0.90 (gain 0.37)
 DEMO_ACT_GAIN_MIN = 0.2
-# trm_sudoku_cpu's test split, 16 trajectories at sigma 1 against the plain evaluation: measured
-# gains in bench/results/ttsc (3 seeds); the bound is about half the smallest.
-TTSC_TRAJECTORIES, TTSC_NOISE, TTSC_GAIN_MIN = 16, 1.0, 0.15
+# trm_sudoku_cpu's test split, 16 trajectories at the sigma chosen on validation against the plain
+# evaluation: gain 0.345 (bench/results/ttsc/trm_sudoku_cpu.json, one seed measured); the bound is
+# under half of it.
+TTSC_TRAJECTORIES, TTSC_NOISE, TTSC_GAIN_MIN = 16, 2.0, 0.15
 
 
 def _env() -> dict:

@@ -34,6 +34,7 @@ def _entries(cache_dir) -> list[str]:
     return sorted(f for f in os.listdir(cache_dir) if f.endswith("-cache"))
 
 
+@pytest.mark.slow  # two TRM runs; the default tier checks on / off / the user's dir
 def test_second_process_loads_every_program_from_the_cache_and_trains_the_same(tmp_path):
     """Two fresh `python -m train.main` processes, same tiny TRM run, one cache dir: the first
     compiles and writes every program; the second compiles NOTHING (every program is a cache hit:

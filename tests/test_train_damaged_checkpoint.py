@@ -168,6 +168,7 @@ print("UNRAISABLE", len(seen), seen[:2])
 """
 
 
+@pytest.mark.slow  # two processes; the default tier has the error itself
 def test_no_checkpoint_restores_prints_nothing_after_its_error(text_dir, tmp_path):
     """Every checkpoint damaged: two damage warnings naming the cause and the one-line error, and
     nothing after it. A failed Orbax restore leaves its other reads pending; finalized later in

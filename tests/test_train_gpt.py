@@ -56,6 +56,7 @@ def test_gpt_same_losses_on_1_and_8_devices(text_dir, tmp_path):
     assert_close("train/loss 8 devices vs 1", eight, one, FLOAT32)
 
 
+@pytest.mark.slow  # default tier: test_train_preemption resumes a signalled run exactly
 def test_gpt_kill_and_resume_is_bit_identical(text_dir, tmp_path):
     """Run 30 steps; separately run with checkpoints every 3 steps and kill -9 it from outside as
     soon as step 3 is committed (no clean exit; the run is a few steps further by then), relaunch:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from tests.helpers import REPO, build_tiny_sudoku, losses, tiny_trm_overrides
@@ -63,6 +64,7 @@ def test_bad_sweep_value_is_one_line_before_any_job_runs(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow  # two tiny TRM runs; the default tier checks a sweep's bad value
 def test_multirun_runs_each_job_in_its_own_run_dir(tmp_path):
     data = build_tiny_sudoku(str(tmp_path / "sudoku"))
     out = str(tmp_path / "runs")

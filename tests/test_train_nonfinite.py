@@ -228,6 +228,7 @@ def test_stop_exits_nonzero_naming_step_metric_and_last_good_checkpoint(text_dir
     assert not os.path.exists(os.path.join(run_dir, "final.json"))
 
 
+@pytest.mark.slow  # a whole run; the default tier checks skip on the real step
 def test_skip_finishes_with_a_finite_state_and_logs_the_count(text_dir, tmp_path):
     overrides = tiny_gpt_overrides(text_dir, str(tmp_path), "skip", steps=16) + DIVERGING
     cfg = load_config(overrides + ["trainer.on_nonfinite=skip"])
@@ -249,6 +250,7 @@ def test_skip_finishes_with_a_finite_state_and_logs_the_count(text_dir, tmp_path
     assert read_jsonl(os.path.join(run_dir, "metrics.jsonl")) == records
 
 
+@pytest.mark.slow  # a whole run; the default tier checks skip on the real step
 def test_trm_skip_keeps_the_carry_and_ema_finite(tmp_path):
     """The TRM loop (persistent carry, EMA, two optimizers, exploration key) under lr 1e6 with
     skip: the run finishes, every kept checkpoint is finite, the evaluation (EMA weights) too."""

@@ -151,6 +151,7 @@ def test_trm_export_to_upstream_and_import_back(sudoku_dir, tmp_path):
     )
 
 
+@pytest.mark.slow  # two runs; the default tier: test_train_run_faults' changed model
 def test_resume_with_another_batch_size_is_refused_clearly(sudoku_dir, tmp_path):
     """Rerunning a run with a changed trainer.global_batch_size fails BEFORE restoring, with a
     ConfigError naming the key and both values (what the 2-process rerun test hit when the

@@ -37,7 +37,7 @@ def _model_state(variant="mlp_t", **overrides):
     """A random-weight TRM whose Q head reads the latent (upstream initialises it to a constant
     -5, which no trajectory could change)."""
     cfg = tiny_config(
-        variant, "float32", batch_size=6, halt_max_steps=4, hidden_size=32, **overrides
+        variant, "float32", batch_size=6, halt_max_steps=2, hidden_size=32, **overrides
     )
     model = TRM(cfg, rngs=nnx.Rngs(0))
     w = model.inner.q_head.weight[...]
