@@ -360,7 +360,14 @@ def test_aot_v4_64_tiny_gpt_reports_and_fails_when_it_does_not_fit(tmp_path):
 
 
 @pytest.mark.tpu_aot
-@pytest.mark.parametrize("topology", ["v5e-32", "v5p-64", "v6e-32"])
+@pytest.mark.parametrize(  # one in the default tier, ~10 s each
+    "topology",
+    [
+        "v5e-32",
+        pytest.param("v5p-64", marks=pytest.mark.slow),
+        pytest.param("v6e-32", marks=pytest.mark.slow),
+    ],
+)
 def test_aot_compiles_for_other_32_chip_slices(tmp_path, topology):
     """This libtpu describes and compiles v5e, v5p and v6e slices too; the mesh=v4-64 config
     (32 devices) fits all three. Each reports its own chip's HBM."""

@@ -376,6 +376,7 @@ def test_format_report_on_a_passing_run_names_no_module():
 # ------------------------------------------------------------------------------ channels-last
 
 
+@pytest.mark.slow  # the default tier: a wrong channels-last module is named
 def test_a_channels_last_port_is_compared_in_torch_layout(x64):
     """Stock nnx.GroupNorm / nnx.Conv inside a port on NHWC: every module's output is compared
     after moving its channel axis back (float64, with gradients), and a note lists those calls."""
@@ -413,6 +414,7 @@ def test_channels_equal_to_spatial_sizes_are_named_as_the_likely_cause(x64):
 # ------------------------------------------------------------------- this repository's ports
 
 
+@pytest.mark.slow  # the default tier: one weight off in nanoGPT is named through it
 def test_nanogpt_through_the_generic_diff():
     """`python -m parity diff parity.report_gpt:torch_factory parity.report_gpt:nnx_factory
     --rename =transformer --grads --dtype float64`: the port built by its own converter agrees

@@ -221,6 +221,7 @@ def test_run_directory_samples_as_its_exported_ckpt(tmp_path):
     _one_line_error([run_dir, "--step", "99"], "--step 99", "not saved; checkpoints: [")
 
 
+@pytest.mark.slow  # the default tier checks it on train.main (test_train_inputs)
 def test_command_line_prints_no_tpu_probe_lines(char_ckpt):
     """The command as a user runs it, JAX_PLATFORMS unset, libtpu installed (make test installs
     it) and no TPU: the samples and nothing of libtpu's probe (train.distributed.quiet_tpu_probe,

@@ -150,8 +150,15 @@ def _poison(state):
     return jax.tree.unflatten(treedef, leaves)
 
 
-@pytest.mark.parametrize("family", ["gpt", "trm"])
-@pytest.mark.parametrize("mode", ["stop", "skip"])
+@pytest.mark.parametrize(
+    "mode, family",  # each family and each mode in the default tier; the other pairs are slow
+    [
+        ("stop", "gpt"),
+        ("skip", "trm"),
+        pytest.param("skip", "gpt", marks=pytest.mark.slow),
+        pytest.param("stop", "trm", marks=pytest.mark.slow),
+    ],
+)
 def test_the_real_step_returns_the_flag_and_skip_returns_its_input(family, mode, tmp_path, request):
     """The trainer's own pure step (train.jit.pure_train_step) of both families: a finite step
     has flag 0; a NaN weight gives flag 1, and with skip the state that comes out IS the state

@@ -162,6 +162,7 @@ def test_envelope_catches_one_weight_off_by_1e_minus_9(x64):
     assert all(c.tolerance.name.startswith("envelope") for c in bad)
 
 
+@pytest.mark.slow  # the default tier: one weight off by 1e-9
 def test_envelope_catches_a_latent_that_is_not_carried(x64):
     """z_L restarted from L_init before step 5 (a carry that drops a latent): caught at step 5,
     although the integer state is unchanged."""
@@ -182,6 +183,7 @@ def test_envelope_catches_a_latent_that_is_not_carried(x64):
     assert not [c for c in bad if c.tolerance is EXACT], "only the float state should differ"
 
 
+@pytest.mark.slow  # the default tier: one weight off by 1e-9
 def test_envelope_catches_a_swapped_halting_rule(x64, monkeypatch):
     """TRM halts on q_halt > 0. A mutant port that halts on q_halt > q_continue (HRM's rule) and
     is otherwise unchanged makes a different halting decision within 16 steps: caught EXACT."""

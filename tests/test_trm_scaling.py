@@ -1,7 +1,8 @@
 """Test-time scaling (models/trm/scaling.py, docs/evaluation.md "Test-time scaling"): K noisy
 trajectories per puzzle, one answer chosen by the Q head or a vote.
 
-What is proven here, on tiny random-weight TRMs in float32 (default tier):
+What is proven here, on tiny random-weight TRMs in float32 (default tier, but the first-k test and
+four of the archs, which are slow):
 - one trajectory without noise IS the plain evaluation: every sum, every per-step sum, the
   predictions and q, EXACTLY (the same eval_step on the same rows);
 - the same seed gives the same result, another seed another; the K trajectories of a puzzle
@@ -109,6 +110,7 @@ def _trajectory_outputs(graphdef, state, batch, K, noise):
     )
 
 
+@pytest.mark.slow  # five programs; test_evaluate's slow tests check the seed end to end too
 def test_the_first_k_trajectories_are_a_run_with_k_and_the_batch_changes_nothing():
     cfg, graphdef, state = _model_state()
     batch = _batch(cfg)
@@ -163,12 +165,12 @@ def test_selection_rules_on_made_up_answers():
 
 @pytest.mark.parametrize(
     "variant, noised",
-    [
-        ("att", ("z_L",)),
-        ("hrm", ("z_L",)),
-        ("singlez", ("z_L",)),
+    [  # the default tier runs hier6 (six latents); the others ~6 s each in the slow tier
+        pytest.param("att", ("z_L",), marks=pytest.mark.slow),
+        pytest.param("hrm", ("z_L",), marks=pytest.mark.slow),
+        pytest.param("singlez", ("z_L",), marks=pytest.mark.slow),
         ("hier6", ("z_L1", "z_L2", "z_L3", "z_L4", "z_L5", "z_L6")),
-        ("baseline", ("z_H",)),
+        pytest.param("baseline", ("z_H",), marks=pytest.mark.slow),
     ],
 )
 def test_every_arch_noises_its_low_level_latent_and_runs(variant, noised):
