@@ -369,18 +369,27 @@ def test_a_full_disk_stops_at_the_failed_save_and_the_same_command_resumes(text_
         ckpt_dir = os.path.join(run_dir, "checkpoints")
         kept = sorted(int(s) for s in os.listdir(ckpt_dir) if s.isdigit())
         assert kept, os.listdir(ckpt_dir)
-        failed = int(last.split("checkpoint step ")[1].split()[0])
-        assert last == (
-            f"error: disk full: cannot write checkpoint step {failed} to {ckpt_dir} "
-            f"({last.split(' (')[1].split(')')[0]}); the last committed checkpoint (step "
-            f"{kept[-1]}) is kept and the partial one removed. Free some space, then run the "
-            "same command again"
-        ), last
+        free = last.split(" (")[1].split(")")[0]
+        if "checkpoint step " in last:
+            failed = int(last.split("checkpoint step ")[1].split()[0])
+            assert last == (
+                f"error: disk full: cannot write checkpoint step {failed} to {ckpt_dir} ({free}); "
+                f"the last committed checkpoint (step {kept[-1]}) is kept and the partial one "
+                "removed. Free some space, then run the same command again"
+            ), last
+        else:  # on a loaded machine a step's metrics line can meet the disk that the save filled
+            # before the save reports its failure: the same one error, naming that file
+            failed = None
+            metrics = os.path.join(run_dir, "metrics.jsonl")
+            assert last == (
+                f"error: disk full: cannot write {metrics} ({free}). Free some space, then run "
+                "the same command again"
+            ), last
         assert "free on " + mnt in last, last
         assert [e for e in err_lines if e.startswith("error:")] == [last]
         assert sorted(os.listdir(ckpt_dir)) == [str(s) for s in kept]  # no *.orbax-checkpoint-tmp
         logged = logged_steps(run_dir)
-        assert logged and max(logged) < 40 and failed <= max(logged) + 1
+        assert logged and max(logged) <= 40 and (failed is None or failed <= max(logged) + 1)
         subprocess.run(["mount", "-o", "remount,size=64m", mnt], check=True)
         again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
         assert again.returncode == 0, again.stderr[-3000:]

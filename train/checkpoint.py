@@ -18,6 +18,7 @@ import logging
 import math
 import sys
 import time
+import traceback
 import warnings
 from contextlib import contextmanager, nullcontext, suppress
 
@@ -54,6 +55,8 @@ class Checkpointer:
         # dropped while this checkpointer is open.
         self._quiet = _DropDiskFullRecords()
         self._quiet.install()
+        # while a save is in flight, and after one failed; one count of what both dropped
+        self._closed_loop = _ClosedLoopReports(self._quiet.dropped)
         try:
             self.manager = self._make_manager()
         except Exception as e:  # Orbax reads every step's metadata here: a damaged one can raise
@@ -170,6 +173,7 @@ class Checkpointer:
         items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta or {})}
         if _has_grain_state(data_iter):
             items["data"] = grain.checkpoint.CheckpointSave(data_iter)
+        self._closed_loop.install()
         with self._disk_full_is_one_error(step):
             saved = self.manager.save(
                 step, args=ocp.args.Composite(**items), metrics=metrics, force=force
@@ -177,6 +181,7 @@ class Checkpointer:
             self.in_flight = step
             if not self.ckpt_cfg.async_save:
                 self.in_flight = None
+                self._closed_loop.remove()
         return saved
 
     def check(self) -> None:
@@ -199,11 +204,18 @@ class Checkpointer:
             if not is_disk_full(e):
                 raise
             self._abandon(step)
+            # The failed write's frames hold Orbax's other pending write futures: cleared, they
+            # are collected (and report, quietly) when close() settles, not when the process
+            # exits after the error line.
+            _clear_frames(e)
             raise self.failed from e
 
     def _abandon(self, step: int) -> None:
         with suppress(Exception):  # the other writes of that save fail the same way
             self.manager.wait_until_finished()
+        # what those writes report from now on, whatever the error, is about the abandoned step
+        self._quiet.abandoned = f"{self.directory}/{step}.orbax-checkpoint-tmp"
+        _let_abandoned_reads_finish(self._quiet.dropped, quiet_rounds=5)
         _remove_tmp_dirs(self.directory)
         latest = self.manager.latest_step()
         kept = f"step {latest}" if latest is not None else "none"
@@ -248,6 +260,7 @@ class Checkpointer:
         with self._disk_full_is_one_error(self.in_flight):
             self.manager.wait_until_finished()
         self.in_flight = None
+        self._closed_loop.remove()  # the save committed: no write of it is left to complete
 
     def close(self):
         """Waits for the save in flight (DiskFullError if it failed) and closes the manager."""
@@ -258,7 +271,15 @@ class Checkpointer:
                 self.manager.close()
             if self.failed:  # the abandoned writes' tasks report when collected: while quiet
                 gc.collect()
-            self._quiet.remove()
+            if self.failed:
+                # The failed save's other writes complete, and are collected, at any moment up to
+                # the process's exit (on a loaded machine, after the error line): the two filters
+                # stay, dropping only their reports. What they wrote meanwhile is removed.
+                _let_abandoned_reads_finish(self._quiet.dropped, quiet_rounds=5)
+                _remove_tmp_dirs(self.directory)
+            else:
+                self._closed_loop.remove()
+                self._quiet.remove()
 
 
 @contextmanager
@@ -309,15 +330,27 @@ def _abandoned_reads_dropped(settle):
             sys.unraisablehook = previous
 
 
-def _let_abandoned_reads_finish(dropped: list, rounds: int = 50) -> None:
-    """Collects the abandoned reads until one round (gc, 0.1 s, gc) brings no new report
-    (TensorStore completes them in its threads within milliseconds; at most `rounds` rounds)."""
+def _clear_frames(e: BaseException | None) -> None:
+    """Drops the local variables of the finished frames in `e`'s traceback and its causes'."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        e = e.__cause__ or e.__context__
+
+
+def _let_abandoned_reads_finish(dropped: list, rounds: int = 50, quiet_rounds: int = 1) -> None:
+    """Collects the abandoned reads (or writes) until `quiet_rounds` rounds in a row (gc, 0.1 s,
+    gc) bring no new report (TensorStore completes them in its threads within milliseconds on an
+    idle machine; at most `rounds` rounds)."""
+    quiet = 0
     for _ in range(rounds):
         before = dropped[0]
         gc.collect()
         time.sleep(0.1)
         gc.collect()
-        if dropped[0] == before:
+        quiet = quiet + 1 if dropped[0] == before else 0
+        if quiet >= quiet_rounds:
             return
 
 
@@ -361,11 +394,52 @@ def _remove_tmp_dirs(directory) -> None:
             tmp.rmtree() if tmp.is_dir() else tmp.unlink()
 
 
+class _ClosedLoopReports:
+    """Drops TensorStore's reports of writes that complete after Orbax closed its event loop.
+
+    Orbax runs a save's writes on a private event loop. When one write fails (a full disk), the
+    save ends and the loop is closed while the other writes are still running; TensorStore then
+    completes each into the closed loop, and each prints an unraisable RuntimeError "Event loop is
+    closed" (no object, a two-frame traceback) from TensorStore's threads, at any moment after
+    the failure. Installed while a save is in flight, and for good once one failed, the hook
+    drops exactly those reports; any other unraisable error reaches the hook
+    that was installed before. Test: tests/test_train_run_faults.py::
+    test_a_full_disk_stops_at_the_failed_save_and_the_same_command_resumes (docs/training.md,
+    "A full disk")."""
+
+    def __init__(self, dropped: list):
+        self.previous = None
+        self.dropped = dropped  # [count], shared with the record filter
+
+    def _hook(self, unraisable):
+        if unraisable.object is None and "Event loop is closed" in str(unraisable.exc_value):
+            self.dropped[0] += 1
+        else:
+            self.previous(unraisable)
+
+    def install(self) -> None:
+        if self.previous is None:
+            self.previous = sys.unraisablehook
+            sys.unraisablehook = self._hook
+
+    def remove(self) -> None:
+        if self.previous is None:
+            return
+        if sys.unraisablehook == self._hook:  # else someone installed another since: keep theirs
+            sys.unraisablehook = self.previous
+        self.previous = None
+
+
 class _DropDiskFullRecords(logging.Filter):
     """Drops the log records (message or traceback) of a write that failed on a full disk, from
     Orbax's threads (absl) and from its abandoned write tasks (asyncio), while installed."""
 
     LOGGERS = ("absl", "asyncio")
+
+    def __init__(self):
+        super().__init__()
+        self.dropped = [0]
+        self.abandoned = None  # the temporary directory of a failed save
 
     def install(self):
         for name in self.LOGGERS:
@@ -376,10 +450,14 @@ class _DropDiskFullRecords(logging.Filter):
             logging.getLogger(name).removeFilter(self)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if is_disk_full(_RecordText(record)):
-            return False
         exc = record.exc_info[1] if record.exc_info else None
-        return exc is None or not is_disk_full(exc)
+        about_abandoned = self.abandoned is not None and (
+            self.abandoned in record.getMessage() or self.abandoned in str(exc)
+        )
+        if about_abandoned or is_disk_full(_RecordText(record)) or is_disk_full(exc):
+            self.dropped[0] += 1
+            return False
+        return True
 
 
 class _RecordText(Exception):
