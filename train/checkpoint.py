@@ -52,7 +52,7 @@ class Checkpointer:
         self.failed = None  # the DiskFullError of a failed save: nothing more is saved
         # Orbax's threads log a failed write with its traceback, several times; the trainer
         # reports a full disk in one line of its own (DiskFullError), so those records are
-        # dropped while this checkpointer is open.
+        # dropped while this checkpointer is open, and for good once a save failed.
         self._quiet = _DropDiskFullRecords()
         self._quiet.install()
         # while a save is in flight, and after one failed; one count of what both dropped
@@ -269,8 +269,6 @@ class Checkpointer:
         finally:
             with suppress(Exception) if self.failed else nullcontext():
                 self.manager.close()
-            if self.failed:  # the abandoned writes' tasks report when collected: while quiet
-                gc.collect()
             if self.failed:
                 # The failed save's other writes complete, and are collected, at any moment up to
                 # the process's exit (on a loaded machine, after the error line): the two filters
@@ -304,10 +302,7 @@ def _abandoned_reads_dropped(settle):
     def hook(unraisable):
         code = getattr(unraisable.object, "cr_code", None)
         orbax_read = code is not None and "orbax" in code.co_filename
-        closed_loop = unraisable.object is None and "Event loop is closed" in str(
-            unraisable.exc_value
-        )
-        if orbax_read or closed_loop:
+        if orbax_read or _into_a_closed_loop(unraisable):
             dropped[0] += 1
         else:
             previous(unraisable)
@@ -328,6 +323,11 @@ def _abandoned_reads_dropped(settle):
         asyncio_log.removeFilter(_not_an_abandoned_read)
         if sys.unraisablehook is hook:  # else someone installed another since: keep theirs
             sys.unraisablehook = previous
+
+
+def _into_a_closed_loop(unraisable) -> bool:
+    """TensorStore's report of an operation that completed after Orbax closed its event loop."""
+    return unraisable.object is None and "Event loop is closed" in str(unraisable.exc_value)
 
 
 def _clear_frames(e: BaseException | None) -> None:
@@ -412,7 +412,7 @@ class _ClosedLoopReports:
         self.dropped = dropped  # [count], shared with the record filter
 
     def _hook(self, unraisable):
-        if unraisable.object is None and "Event loop is closed" in str(unraisable.exc_value):
+        if _into_a_closed_loop(unraisable):
             self.dropped[0] += 1
         else:
             self.previous(unraisable)
