@@ -1,7 +1,8 @@
 """Where the JAX train step spends its time: a jax.profiler trace, summarised per XLA op.
 
+    python -m bench.profile --trace RUN_DIR/profile --steps 3    # a trainer run's own steps
     python -m bench.profile trm_sudoku_tiny [--threads 1] [--steps 3] [--top 25] \
-        [--trace-dir DIR] [--hlo FILE]
+        [--trace-dir DIR] [--hlo FILE] [--jax-model K=V ...] [--data K=V ...]
 
 Runs the trainer's real step (the same `bench.runners.JaxRunner` the benchmark times), warms it
 up, traces `--steps` steps with `jax.profiler`, and prints the op time per step grouped by XLA
@@ -64,14 +65,45 @@ def summarise(trace_file: str, steps: int) -> tuple[float, list[tuple[str, float
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench.profile")
-    p.add_argument("config", help="a bench config name (bench/configs.py)")
+    p.add_argument("config", nargs="?", help="a bench config name (bench/configs.py)")
+    p.add_argument(
+        "--trace",
+        default=None,
+        metavar="DIR",
+        help="summarise the newest trace under DIR instead of running (a trainer run's "
+        "<run dir>/profile from trainer.profile_start; --steps = the steps it holds)",
+    )
     p.add_argument("--threads", type=int, default=None, help="pin to this many cores")
     p.add_argument("--steps", type=int, default=3, help="traced steps")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--trace-dir", default=None, help="keep the trace here (TensorBoard/Perfetto)")
     p.add_argument("--hlo", default=None, help="write the step's optimised HLO to this file")
     p.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
+    p.add_argument(
+        "--jax-model",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a model field changed for this run (scan=true, attention_impl=explicit, ...)",
+    )
+    p.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a data size as the trainer reads it without data on disk; TRM: "
+        "num_puzzle_identifiers=1001001 is the puzzle table of Sudoku-Extreme 1k x 1000 "
+        "augmentations (the bench configs have 1 row), and the batch's ids then span it",
+    )
     args = p.parse_args(argv)
+    if args.trace:
+        found = sorted(glob.glob(f"{args.trace}/**/*.trace.json.gz", recursive=True))
+        if not found:
+            raise SystemExit(f"bench.profile: no *.trace.json.gz under {args.trace}")
+        _print_summary(found[-1], args.steps, args.top, "trace")
+        return
+    if not args.config:
+        p.error("a config name, or --trace DIR")
 
     from bench.worker import prepare_env
 
@@ -79,8 +111,12 @@ def main(argv=None):
     import jax
 
     from bench import configs, runners
+    from bench.harness import _parse_overrides
 
-    rc = configs.resolve(configs.get(args.config))
+    rc = configs.resolve(configs.get(args.config), jax_overrides=_parse_overrides(args.jax_model))
+    for key, value in _parse_overrides(args.data).items():
+        rc["trainer_cfg"]["data"][key] = value
+        rc["model"][key] = value  # runners.make_batch draws the puzzle ids from it
     runner = runners.JaxRunner(rc, {"seed": 0, "device": args.device})
     runner.setup()
     runner.run(3)  # compile + warm-up
@@ -93,15 +129,21 @@ def main(argv=None):
     seconds, _ = runner.run(args.steps)
     jax.profiler.stop_trace()
     trace = sorted(glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True))[-1]
-    leaf_ms, rows = summarise(trace, args.steps)
-    print(
-        f"{args.config}: {seconds / args.steps * 1e3:.1f} ms per step (traced), "
-        f"{leaf_ms:.1f} ms of leaf op time; trace: {trace}"
+    _print_summary(
+        trace,
+        args.steps,
+        args.top,
+        f"{args.config}: {seconds / args.steps * 1e3:.1f} ms per step (traced)",
     )
+
+
+def _print_summary(trace: str, steps: int, top: int, head: str) -> None:
+    leaf_ms, rows = summarise(trace, steps)
+    print(f"{head}, {leaf_ms:.1f} ms of leaf op time per step; trace: {trace}")
     inner_ms = sum(ms for _, ms, _, inner in rows if inner)
     print(f"  of which inside cond/while/call: {inner_ms:.1f} ms")
     print(f"{'ms/step':>9}  {'n/step':>6}  op")
-    for name, ms, n, inner in rows[: args.top]:
+    for name, ms, n, inner in rows[:top]:
         print(f"{ms:9.2f}  {n:6d}  {name}{'  (in cond/while)' if inner else ''}")
 
 

@@ -315,3 +315,31 @@ def test_regenerating_reproduces_the_committed_training_fixtures(tmp_path):
     for variant in VARIANTS:
         for f in (FIXTURES / f"trm_train_{variant}_checkpoint").iterdir():
             assert (tmp_path / f.parent.name / f.name).read_bytes() == f.read_bytes(), f
+
+
+def test_optimizer_compat_binds_the_renamed_health_check(monkeypatch):
+    """torch 2.11 (the GPU image) has `Optimizer._accelerator_graph_capture_health_check` but no
+    `_cuda_graph_capture_health_check`, which AdamATan2.step calls: upstream's pretrain.py then
+    stopped at its first step. With that torch emulated (the old name removed), an optimizer
+    calling the old name fails until `optimizer_compat` binds it, and torch itself stays as it
+    was (only the class gains the name)."""
+    from parity.goldens.trm_pretrain import optimizer_compat
+
+    calls = []
+
+    class CallsTheOldName(torch.optim.Optimizer):
+        def __init__(self, params):
+            super().__init__(params, {})
+
+        def step(self):
+            self._cuda_graph_capture_health_check()
+            calls.append("step")
+
+    monkeypatch.delattr(torch.optim.Optimizer, "_cuda_graph_capture_health_check")
+    opt = CallsTheOldName([torch.zeros(2, requires_grad=True)])
+    with pytest.raises(AttributeError, match="_cuda_graph_capture_health_check"):
+        opt.step()
+    assert optimizer_compat(CallsTheOldName) is CallsTheOldName
+    opt.step()
+    assert calls == ["step"]
+    assert not hasattr(torch.optim.Optimizer, "_cuda_graph_capture_health_check")

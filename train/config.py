@@ -65,6 +65,10 @@ class TrainerConfig:
     # A non-finite loss or gradient norm (checked inside the step): stop = error naming the step and
     # the last good checkpoint; skip = the update is not applied, the event counted and logged.
     on_nonfinite: str = "stop"
+    # > 0: trace steps profile_start .. profile_start + profile_steps - 1 with jax.profiler into
+    # <run dir>/profile (train/profiling.py); 0 = off.
+    profile_start: int = 0
+    profile_steps: int = 3
 
 
 @dataclass
@@ -281,7 +285,9 @@ def section_of(full_key: str):
 def _check_trainer(t) -> None:
     _positive(t.global_batch_size, "trainer.global_batch_size")
     _positive(t.log_interval, "trainer.log_interval")
-    for key in ("total_steps", "max_steps", "epochs", "eval_interval", "eval_iters"):
+    _positive(t.profile_steps, "trainer.profile_steps")
+    for key in ("total_steps", "max_steps", "epochs", "eval_interval", "eval_iters",
+                "profile_start"):  # fmt: skip
         _positive(t[key], f"trainer.{key}", allow_zero=True)
     _positive(t.gradient_accumulation_steps, "trainer.gradient_accumulation_steps")
     if t.on_nonfinite not in NONFINITE_MODES:

@@ -32,6 +32,7 @@ from train.goodput import Goodput, summary
 from train.metrics import MetricLogger, dumps, read_jsonl, write_text_atomic
 from train.nonfinite import NonfiniteGuard
 from train.preemption import Preempted, Preemption
+from train.profiling import StepProfiler
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +76,14 @@ def _train(cfg, mesh, preemption, claim) -> dict:
     config_dict = OmegaConf.to_container(cfg, resolve=True)
     logger = MetricLogger(run_dir, cfg, cfg.run.name, config_dict, stop, task.console_metrics)
     run = _Run(cfg, task, ckpt, logger, data_iter, step, meta, goodput, preemption, claim)
+    run.profiler = StepProfiler(cfg, run_dir)
     peak = peak_flops() * mesh.devices.size
     first = step
     try:
         with jax.set_mesh(mesh):
             state, step = _loop(run, state, step, stop, step_fn, clock, peak)
     finally:  # also on NonfiniteError / Preempted: commit the checkpoints, write the metrics
+        run.profiler.close()  # a window the run did not reach the end of
         with goodput.measure("checkpoint"):
             _close(ckpt.close, logger.close)
     if step == first and first > 0:  # TRM: the restored data iterator had no batch left
@@ -185,6 +188,7 @@ def _loop(run, state, step: int, stop: int, step_fn, clock, peak: float):
         run.ckpt.check()  # a save that failed in the background (a full disk) stops the run
         if run.preemption.due(step):  # every process agrees on this step
             run.preempt(state, step, unlogged)
+        run.profiler.before(step + 1, state)
         with run.goodput.measure("data"):
             local = next(data_iter, None)
             batch = None if local is None else task.to_global(local)
@@ -192,6 +196,7 @@ def _loop(run, state, step: int, stop: int, step_fn, clock, peak: float):
             break
         state, metrics = _step(run, step_fn, state, batch, clock, step + 1)
         step += 1
+        run.profiler.after(step, (state, metrics))
         run.guard.watch(step, metrics)  # acts on step - 1's nonfinite flag (already computed)
         unlogged = metrics
         if _log_due(cfg, step, stop):

@@ -113,6 +113,7 @@ def sparse_sign_sgd(
     *,
     learning_rate: float | jax.Array,
     weight_decay: float | jax.Array,
+    enabled: bool | jax.Array = True,
 ) -> jax.Array:
     """Upstream's CastedSparseEmbeddingSignSGD_Distributed step on a [N, D] table; returns the new table.
 
@@ -122,7 +123,8 @@ def sparse_sign_sgd(
 
         p[i] <- p[i] * (1 - lr*wd) - lr * sign(sum of grads with id i)      (sign(0) = 0)
 
-    Rows absent from the batch keep their exact bits (no decay). Fixed shapes for jit:
+    Rows absent from the batch keep their exact bits (no decay); with `enabled` False (a traced
+    bool: the train step's skipped steps) every row keeps them. Fixed shapes for jit:
     the int32 unique (`_unique_int32`) pads the unique ids with N, an out-of-range row that the final scatter
     drops, so the work is O(B*D), not O(N*D). Under SPMD jit with a global batch array the ids and
     gradients are already the global batch's (upstream all-gathers them by hand).
@@ -149,7 +151,7 @@ def sparse_sign_sgd(
     rows_kw = {} if table_spec is None else {"out_sharding": P(None, table_spec[1])}
     table_kw = {} if table_spec is None else {"out_sharding": P(*table_spec)}
     rows = table.at[unique_ids].get(mode="fill", fill_value=0, **rows_kw)
-    new_rows = rows * (1 - lr * wd) - lr * jnp.sign(grad_sum)
+    new_rows = jnp.where(enabled, rows * (1 - lr * wd) - lr * jnp.sign(grad_sum), rows)
     return table.at[unique_ids].set(new_rows, mode="drop", **table_kw)
 
 

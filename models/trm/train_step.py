@@ -183,19 +183,12 @@ def train_step(
         if delta_grad is not None:
             metrics["puzzle_emb_grad_norm"] = optax.tree.norm(delta_grad)
 
-        new_table = state.table
-        if table is not None:  # SignSGD first (upstream's optimizer order)
-            ids = new_carry.current_data["puzzle_identifiers"]
-            new_table = jax.tree.map(
-                lambda t: sparse_sign_sgd(
-                    t,
-                    ids,
-                    delta_grad,
-                    learning_rate=emb_lr,
-                    weight_decay=config.puzzle_emb_weight_decay,
-                ),
-                state.table,
-            )
+        # SignSGD runs after the cond (below): a table passed through a cond's branches is copied
+        # whole, twice per step (docs/porting_trm_training.md, "The puzzle table stays out of
+        # the cond"); its inputs leave the branch instead.
+        table_inputs = None
+        if table is not None:
+            table_inputs = (new_carry.current_data["puzzle_identifiers"], delta_grad)
         params, opt_state = state.params, state.opt_state
         if not config.freeze_weights:  # then AdamATan2
             hyper = dict(opt_state.hyperparams)  # a new dict: never mutate the input state
@@ -203,16 +196,31 @@ def train_step(
             opt_state = opt_state._replace(hyperparams=hyper)
             updates, opt_state = adam_atan2_for(config).update(grads, opt_state, params)
             params = optax.apply_updates(params, updates)
-        return params, new_table, rest, opt_state, new_carry, metrics
+        return params, table_inputs, rest, opt_state, new_carry, metrics
 
     def skip(_):
         shapes = jax.eval_shape(update, None)
-        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes[-1])
-        return state.params, state.table, state.rest, state.opt_state, carry, zeros
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (shapes[1], shapes[-1]))
+        return state.params, zeros[0], state.rest, state.opt_state, carry, zeros[1]
 
-    params, new_table, rest, opt_state, new_carry, metrics = jax.lax.cond(
-        step > config.total_steps, skip, update, None
+    skipped = step > config.total_steps
+    params, table_inputs, rest, opt_state, new_carry, metrics = jax.lax.cond(
+        skipped, skip, update, None
     )
+    new_table = state.table
+    if table is not None:  # SignSGD first (upstream's optimizer order); a skipped step keeps it
+        ids, delta_grad = table_inputs
+        new_table = jax.tree.map(
+            lambda t: sparse_sign_sgd(
+                t,
+                ids,
+                delta_grad,
+                learning_rate=emb_lr,
+                weight_decay=config.puzzle_emb_weight_decay,
+                enabled=jnp.logical_not(skipped),
+            ),
+            state.table,
+        )
     ema = ema_update(state.ema, params, config.ema_rate) if state.ema is not None else None
     new_state = TRMTrainState(
         params=params, table=new_table, rest=rest, opt_state=opt_state, ema=ema, step=step

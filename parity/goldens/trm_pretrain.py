@@ -13,6 +13,8 @@ What changes, and only at load time (the checkout is never written):
   per parameter, the pure-PyTorch reference implementation that the same package ships in its
   tests (adam_atan2/adam_atan2_test.py `_adam_atan2_reference_impl`), with the constants that test
   derives from the step count (lr / (1 - beta1^t), lr * weight_decay, sqrt(1 - beta2^t)).
+- on a torch that renamed `Optimizer._cuda_graph_capture_health_check`, AdamATan2 gets the old
+  name bound to the new one (`optimizer_compat`).
 - the stand-ins of parity.goldens.trm (numba, argdantic) and its hiding of our own same-named
   packages (`models`, ...).
 
@@ -93,6 +95,20 @@ def _load_rewritten(name: str, path: Path, rewrites=DEVICE_REWRITES) -> types.Mo
     return mod
 
 
+def optimizer_compat(cls: type) -> type:
+    """Let an optimizer written for an older torch run on this one (the class itself is changed,
+    torch is not): AdamATan2.step calls `Optimizer._cuda_graph_capture_health_check`, which torch
+    2.11 has only as `_accelerator_graph_capture_health_check` (the same check; on the H100 image
+    the upstream TRM run stopped at its first step with an AttributeError without this)."""
+    import torch
+
+    old, new = "_cuda_graph_capture_health_check", "_accelerator_graph_capture_health_check"
+    base = torch.optim.Optimizer
+    if not hasattr(base, old) and hasattr(base, new):
+        setattr(cls, old, getattr(base, new))
+    return cls
+
+
 @contextlib.contextmanager
 def pretrain(trm_src: Path, adam_src: Path, device: str = "cpu"):
     """Yield (upstream's pretrain module, an importer of upstream's modules), everything unloaded
@@ -112,7 +128,7 @@ def pretrain(trm_src: Path, adam_src: Path, device: str = "cpu"):
     sys.path.insert(0, str(adam_src))
     try:
         with upstream(trm_src) as imp:
-            importlib.import_module("adam_atan2")
+            optimizer_compat(importlib.import_module("adam_atan2").AdamATan2)
             importlib.import_module("adam_atan2.adam_atan2_test")
             rewrites = DEVICE_REWRITES if device == "cpu" else ()
             yield _load_rewritten("pretrain", trm_src / "pretrain.py", rewrites), imp
