@@ -20,10 +20,15 @@ import collections
 import glob
 import gzip
 import json
+import os
 import re
 import tempfile
 
 _CONTAINERS = ("cond", "while", "call")
+# XLA:GPU replays runs of kernels as CUDA graphs; a trace then shows one `command_buffer` event
+# per graph instead of its ops. Off for a profile (the traced trm_sudoku step on an H100: 240 ms
+# with them, 230 ms without).
+NO_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer="
 
 
 def _op_name(hlo_op: str) -> str:
@@ -108,6 +113,8 @@ def main(argv=None):
     from bench.worker import prepare_env
 
     prepare_env("jax", args.device, args.threads)
+    if args.device == "gpu":  # docs/benchmarks.md, "A GPU trace shows command_buffer"
+        os.environ["XLA_FLAGS"] = f"{os.environ['XLA_FLAGS']} {NO_COMMAND_BUFFERS}".strip()
     import jax
 
     from bench import configs, runners

@@ -11,6 +11,8 @@ is checked here against the place that holds it.
   above tests/test_reproductions.py's bound state the same values.
 - Test-time scaling: the source is bench/results/ttsc/<name>.json (written by `python -m bench
   ttsc`); docs/evaluation.md's table, the README rows and the reproduction's bound state it.
+- The H100 session: the source is bench/results/h100/results.jsonl (written by `python -m bench
+  gpu`); docs/benchmarks.md's GPU table and the README rows state its figures.
 
 A rerun of a measurement changes its source; this test then names every place still stating the
 old value.
@@ -182,3 +184,56 @@ def test_test_time_scaling_figures_are_the_bench_results():
             assert (
                 f"a run at {plain:.2f}: {t['curve'][K]['exact_accuracy']:.2f} at K = {K}" in readme
             )
+
+
+def _h100_parts() -> dict:
+    with open(os.path.join(REPO, "bench", "results", "h100", "results.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    return {r["part"]: r for r in records if r.get("kind") == "part"}
+
+
+def test_gpu_figures_are_the_h100_session():
+    parts = _h100_parts()
+    bench_md = _read("docs/benchmarks.md")
+    gpu = bench_md[bench_md.index("## GPU: one H100 session") :]
+    gpu = gpu[: gpu.index("### What a GPU session runs")]
+
+    def rows(part):
+        table = parts[part]["result"]["table"]
+        impls = {r["impl"]: r for r in table if "impl" in r}
+        return impls, {r["ratio"]: r for r in table if "ratio" in r}
+
+    trm, trm_ratios = rows("b.trm_sudoku")
+    jax_ms, eager_ms = trm["jax"]["step_ms_median"], trm["torch_eager"]["step_ms_median"]
+    paired = trm_ratios["jax/torch_eager"]
+    for figure in (
+        f"{jax_ms:.1f} ms per step ({100 * trm['jax']['mfu']:.1f}% MFU)",
+        f"{eager_ms:.1f} ms ({100 * trm['torch_eager']['mfu']:.1f}%)",
+        f"{eager_ms / jax_ms:.2f}x",
+        f"{paired['median']:.3f} [IQR {paired['q1']:.3f}-{paired['q3']:.3f}]",
+    ):
+        assert figure in gpu, figure
+    assert trm["torch_compile"]["status"] == "error" and "not measured" in gpu
+    assert f"{eager_ms / jax_ms:.2f}x" in _readme_row("trm_sudoku")
+
+    gpt, gpt_ratios = rows("b.gpt2_124m")
+    for impl in ("jax", "torch_eager", "torch_compile"):
+        ms, mfu = gpt[impl]["step_ms_median"], gpt[impl]["mfu"]
+        assert f"{ms:.1f} ms" in gpu and f"{100 * mfu:.1f}%" in gpu, impl
+        assert f"{ms:.1f} ms" in _readme_row("gpt2_124m"), impl
+    assert f"{round(100 * gpt['jax']['mfu'])}% MFU" in _readme_row("gpt2_124m")
+    for ratio in ("jax/torch_eager", "jax/torch_compile"):
+        assert f"{gpt_ratios[ratio]['median']:.3f}" in gpu, ratio
+
+    row = _readme_row("gpt_shakespeare_char")
+    for part, digits in (("c.jax", 4), ("c.upstream", 4)):
+        best = parts[part]["result"]["best"]
+        assert f"{best['value']:.{digits}f} at step {best['step']}" in gpu, part
+        assert f"{best['value']:.3f} at step {best['step']}" in row, part
+        assert f"{best['t']:.1f} s" in gpu, part
+        assert f"{round(best['t'])} s" in row, part
+
+    d = parts["d.jax"]["result"]
+    assert f"{d['step_time_ms_median'] / 1e3:.2f} s per step" in gpu
+    assert f"{d['step_time_ms_median'] / 1e3:.2f} s per step" in _readme_row("trm_sudoku")
+    assert f"~{round(d['projected_h_from_step_time'])} h" in gpu

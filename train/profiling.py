@@ -8,7 +8,9 @@ are traced into `<run dir>/profile` (TensorBoard / Perfetto read it). The window
 earlier steps have finished and ends after its last step has, so the trace holds those steps
 and their host work (data, logging, checkpoint checks) and nothing else; the two waits make the
 window's own step times a little longer than the loop's. `bench.profile` traces the same jitted
-step alone, on a fixed batch: a gap between the two is in the trainer, not in the step.
+step alone, on a fixed batch: a gap between the two is in the trainer, not in the step. On a
+GPU set XLA_FLAGS=--xla_gpu_enable_command_buffer= for the run, or the trace shows CUDA-graph
+`command_buffer` events instead of ops (bench.profile sets it itself).
 """
 
 from __future__ import annotations

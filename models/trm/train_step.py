@@ -184,8 +184,8 @@ def train_step(
             metrics["puzzle_emb_grad_norm"] = optax.tree.norm(delta_grad)
 
         # SignSGD runs after the cond (below): a table passed through a cond's branches is copied
-        # whole, twice per step (docs/porting_trm_training.md, "The puzzle table stays out of
-        # the cond"); its inputs leave the branch instead.
+        # whole, twice per step; its inputs leave the branch instead
+        # (docs/porting_trm_training.md, "The puzzle table stays out of the cond").
         table_inputs = None
         if table is not None:
             table_inputs = (new_carry.current_data["puzzle_identifiers"], delta_grad)
