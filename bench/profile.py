@@ -144,9 +144,27 @@ def main(argv=None):
     )
 
 
+def op_span_ms(trace_file: str, steps: int) -> float:
+    """From the first op's start to the last op's end, per step: on a GPU (one op at a time per
+    stream) the leaf op time plus whatever the device waited for (the host, a transfer), so a
+    span far above the op time is a step the device idles in. On the CPU ops of a step overlap
+    across threads and the op time can exceed the span."""
+    with gzip.open(trace_file) as f:
+        ops = [
+            e
+            for e in json.load(f)["traceEvents"]
+            if e.get("ph") == "X" and "hlo_op" in (e.get("args") or {})
+        ]
+    if not ops:
+        return 0.0
+    start, end = min(e["ts"] for e in ops), max(e["ts"] + e["dur"] for e in ops)
+    return (end - start) / steps / 1e3
+
+
 def _print_summary(trace: str, steps: int, top: int, head: str) -> None:
     leaf_ms, rows = summarise(trace, steps)
     print(f"{head}, {leaf_ms:.1f} ms of leaf op time per step; trace: {trace}")
+    print(f"  first op to last: {op_span_ms(trace, steps):.1f} ms per step (idle gaps included)")
     inner_ms = sum(ms for _, ms, _, inner in rows if inner)
     print(f"  of which inside cond/while/call: {inner_ms:.1f} ms")
     print(f"{'ms/step':>9}  {'n/step':>6}  op")
