@@ -59,6 +59,8 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = "results.jsonl"
 SUMMARY = "summary.md"
 STEPS = ("a", "b", "c", "d")
+# d.jax traces trainer steps 6-8 (trainer.profile_start): is the device busy for the whole step?
+PROFILE_WINDOW = (6, 3)
 PAPER_TRM_STEPS = (
     65104  # 50,000 epochs x 1000 groups / batch 768 (configs/experiment/trm_sudoku.yaml)
 )
@@ -627,7 +629,17 @@ class JaxThroughputPart(TrainerRun):
         return super().command(ctx)
 
     def overrides(self, ctx):
-        return [f"data.path={ctx.work / 'sudoku-extreme-1k'}", "trainer.log_interval=10"]
+        start, steps = PROFILE_WINDOW
+        return [f"data.path={ctx.work / 'sudoku-extreme-1k'}", "trainer.log_interval=10",
+                f"trainer.profile_start={start}", f"trainer.profile_steps={steps}"]  # fmt: skip
+
+    def env(self, ctx):
+        env = super().env(ctx)
+        if not ctx.dry_run:  # the trace's ops, not CUDA graphs (docs/benchmarks.md)
+            from bench.profile import NO_COMMAND_BUFFERS
+
+            env["XLA_FLAGS"] = f"{env['XLA_FLAGS']} {NO_COMMAND_BUFFERS}".strip()
+        return env
 
     def watch(self, t, line):
         m = _STEP_LINE.match(line)
@@ -642,10 +654,27 @@ class JaxThroughputPart(TrainerRun):
             out["projected_h_from_step_time"] = (
                 PAPER_TRM_STEPS * facts["step_time_ms_median"] / 1e3 + (facts["first_step_s"] or 0)
             ) / 3600
+        traces = sorted((self.run_dir(ctx) / "profile").rglob("*.trace.json.gz"))
+        if traces:  # the window of trainer.profile_start: the device's busy time vs the steps'
+            from bench.profile import op_span_ms, summarise
+
+            steps = PROFILE_WINDOW[1]
+            op_ms, rows = summarise(str(traces[-1]), steps)
+            out["profile"] = {
+                "steps": f"{PROFILE_WINDOW[0]}-{sum(PROFILE_WINDOW) - 1}",
+                "op_ms_per_step": op_ms,
+                "span_ms_per_step": op_span_ms(str(traces[-1]), steps),
+                "top_ops": [[name, round(ms, 2), n] for name, ms, n, _ in rows[:15]],
+            }
         return out
 
     def headline(self, r):
-        return _throughput_headline(r)
+        line = _throughput_headline(r)
+        if "profile" in r:
+            p = r["profile"]
+            line += (f"; steps {p['steps']} traced: ops {p['op_ms_per_step']:.0f} ms, "
+                     f"first op to last {p['span_ms_per_step']:.0f} ms per step")  # fmt: skip
+        return line
 
 
 _UPSTREAM_STEP = re.compile(r"^train step (\d+)")

@@ -226,4 +226,8 @@ def test_dry_run_every_part_ends_ok_given_the_time(tmp_path):
             assert r["status"] == "ok", r
     assert by["c.jax"]["ended"] == "stopped"
     assert "steps_per_s" in by["d.jax"]["result"]
+    # the trainer's own profile window (trainer.profile_start), summarised per op
+    profile = by["d.jax"]["result"]["profile"]
+    assert profile["steps"] == "6-8" and profile["top_ops"], profile
+    assert profile["op_ms_per_step"] > 0 and profile["span_ms_per_step"] > 0, profile
     _check_measured(by)
