@@ -636,9 +636,9 @@ class JaxThroughputPart(TrainerRun):
     def env(self, ctx):
         env = super().env(ctx)
         if not ctx.dry_run:  # the trace's ops, not CUDA graphs (docs/benchmarks.md)
-            from bench.profile import NO_COMMAND_BUFFERS
+            from bench.profile import without_command_buffers
 
-            env["XLA_FLAGS"] = f"{env['XLA_FLAGS']} {NO_COMMAND_BUFFERS}".strip()
+            env["XLA_FLAGS"] = without_command_buffers(env["XLA_FLAGS"])
         return env
 
     def watch(self, t, line):

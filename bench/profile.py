@@ -36,17 +36,27 @@ def _op_name(hlo_op: str) -> str:
     return re.sub(r"(\.\d+|\.clone)+$", "", hlo_op)
 
 
+def op_events(trace_file: str) -> list[dict]:
+    """The trace's XLA op events: complete events carrying an `hlo_op` argument."""
+    with gzip.open(trace_file) as f:
+        return [
+            e
+            for e in json.load(f)["traceEvents"]
+            if e.get("ph") == "X" and "hlo_op" in (e.get("args") or {})
+        ]
+
+
+def without_command_buffers(xla_flags: str) -> str:
+    """XLA_FLAGS with XLA:GPU's command buffers off, for a trace that names its ops."""
+    return f"{xla_flags} {NO_COMMAND_BUFFERS}".strip()
+
+
 def summarise(trace_file: str, steps: int) -> tuple[float, list[tuple[str, float, int, bool]]]:
     """(leaf op ms per step, [(op, ms per step, count per step, inside a container)]).
 
     Op events are the ones carrying an `hlo_op` argument (runtime bookkeeping such as
     `DevicePut` or the thread pool's events has none)."""
-    with gzip.open(trace_file) as f:
-        events = [
-            e
-            for e in json.load(f)["traceEvents"]
-            if e.get("ph") == "X" and "hlo_op" in (e.get("args") or {})
-        ]
+    events = op_events(trace_file)
     names = [_op_name(e["args"]["hlo_op"]) for e in events]
     spans = collections.defaultdict(list)  # thread -> [(start, end)] of container thunks
     for e, name in zip(events, names):
@@ -114,7 +124,7 @@ def main(argv=None):
 
     prepare_env("jax", args.device, args.threads)
     if args.device == "gpu":  # docs/benchmarks.md, "A GPU trace shows command_buffer"
-        os.environ["XLA_FLAGS"] = f"{os.environ['XLA_FLAGS']} {NO_COMMAND_BUFFERS}".strip()
+        os.environ["XLA_FLAGS"] = without_command_buffers(os.environ["XLA_FLAGS"])
     import jax
 
     from bench import configs, runners
@@ -149,12 +159,7 @@ def op_span_ms(trace_file: str, steps: int) -> float:
     stream) the leaf op time plus whatever the device waited for (the host, a transfer), so a
     span far above the op time is a step the device idles in. On the CPU ops of a step overlap
     across threads and the op time can exceed the span."""
-    with gzip.open(trace_file) as f:
-        ops = [
-            e
-            for e in json.load(f)["traceEvents"]
-            if e.get("ph") == "X" and "hlo_op" in (e.get("args") or {})
-        ]
+    ops = op_events(trace_file)
     if not ops:
         return 0.0
     start, end = min(e["ts"] for e in ops), max(e["ts"] + e["dur"] for e in ops)
