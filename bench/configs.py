@@ -159,16 +159,34 @@ def _from_fields(cfg: BenchConfig, seed: int) -> tuple[dict, str]:
 _TRM_DATA_FIELDS = ("seq_len", "vocab_size", "num_puzzle_identifiers")
 
 
-def resolve(cfg: BenchConfig, *, seed: int = 0, jax_overrides: dict | None = None) -> dict:
+def resolve(
+    cfg: BenchConfig,
+    *,
+    seed: int = 0,
+    jax_overrides: dict | None = None,
+    data_path: str | None = None,
+) -> dict:
     """-> plain dict both sides build from: family, model, optim, batch_size, dtype, the full
     trainer config (`trainer_cfg`, for train.families.make_task) and where it came from (`source`).
 
-    `jax_overrides` are model fields changed on the JAX side only (e.g. scan/remat variants).
+    `jax_overrides` are fields changed on the JAX side only: model fields (e.g. scan/remat
+    variants) by name, optimiser fields as `optim.NAME` (e.g. optim.table_update). `data_path`
+    replaces data.path: the data set whose train split the batches come from
+    (bench.runners.make_batch).
     """
     if cfg.experiment:
         trainer_cfg, source = _compose_experiment(cfg, seed)
     else:
         trainer_cfg, source = _from_fields(cfg, seed)
+    if data_path:
+        trainer_cfg.setdefault("data", {})["path"] = str(data_path)
+    jax_overrides = dict(jax_overrides or {})
+    optim_overrides = {
+        k.removeprefix("optim."): jax_overrides.pop(k) for k in list(jax_overrides)
+        if k.startswith("optim.")
+    }  # fmt: skip
+    jax_overrides = {k.removeprefix("model."): v for k, v in jax_overrides.items()}
+    trainer_cfg["optim"] = {**(trainer_cfg.get("optim") or {}), **optim_overrides}
     model = dict(trainer_cfg["model"])
     batch = int(trainer_cfg["trainer"]["global_batch_size"])
     optim = dict(trainer_cfg.get("optim") or {})
@@ -195,7 +213,7 @@ def resolve(cfg: BenchConfig, *, seed: int = 0, jax_overrides: dict | None = Non
             float(d.get("mean_puzzle_examples", 1.0)),
             batch,
         )
-    jax_model = {**model, **(jax_overrides or {})}
+    jax_model = {**model, **jax_overrides}
     trainer_cfg["model"] = jax_model
     return {
         "config": cfg.name,

@@ -67,13 +67,28 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a model field on the JAX side only (e.g. scan=true, remat=true)",
+        help="override a field on the JAX side only: a model field (scan=true, remat=true) or "
+        "optim.NAME (optim.table_update=sparse)",
     )
     p.add_argument(
         "--threads",
         type=int,
         default=None,
         help="CPU only: pin every worker to this many cores (default: all)",
+    )
+    p.add_argument(
+        "--data",
+        default=None,
+        metavar="DIR",
+        help="the data set the batch comes from (default: the experiment's data.path; without "
+        "one on disk, a generator with its token statistics)",
+    )
+    p.add_argument(
+        "--tokens",
+        default="data",
+        choices=("data", "uniform"),
+        help="data: the data set's own batches (or its statistics); uniform: every token id "
+        "equally likely (hides a contended embedding gradient)",
     )
     p.add_argument("--no-chart", action="store_true")
     return p
@@ -129,6 +144,8 @@ def main(argv: list[str] | None = None) -> dict:
             timeout_s=args.timeout,
             jax_overrides=_parse_overrides(args.jax_model),
             threads=args.threads,
+            tokens=args.tokens,
+            data_path=args.data,
         )
         for cfg in cfgs
     ]

@@ -19,32 +19,84 @@ Both sides draw the batch from the same numpy generator and seed, so they see id
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
 
 
-def make_batch(rc: dict, seed: int) -> dict[str, np.ndarray]:
-    """One fixed batch, identical for every implementation (nanoGPT bench.py's fixed-batch mode).
+# Sudoku-Extreme's 1k training puzzles: 55,760 of their 81,000 cells are blank (ids 1)
+SUDOKU_EXTREME_BLANKS = 0.688
+TOKENS = ("data", "uniform")
 
-    `rc` is a resolved config (bench.configs.resolve)."""
+
+def make_batch(rc: dict, seed: int, tokens: str = "data") -> tuple[dict[str, np.ndarray], str]:
+    """One fixed batch, identical for every implementation (nanoGPT bench.py's fixed-batch mode),
+    and where it came from. `rc` is a resolved config (bench.configs.resolve).
+
+    tokens="data" (the default): what the trainer would see. The data set's own train split when
+    it is on disk (TRM: the trainer's first batch from data.puzzle_source; GPT: random windows of
+    train.bin, as nanoGPT's get_batch), otherwise a generator with its token statistics (Sudoku:
+    random solved grids with the data set's share of blank cells; text: Zipf-distributed ids).
+    tokens="uniform": every id equally likely, which hides what a skewed batch costs
+    (docs/benchmarks.md, "A benchmark fed uniform tokens hides a contended scatter")."""
+    if tokens not in TOKENS:
+        raise ValueError(f"bench: tokens={tokens!r}: expected one of {TOKENS}")
     rng = np.random.default_rng(seed)
-    B = rc["batch_size"]
     if rc["family"] == "gpt":
-        T, V = rc["model"]["block_size"], rc["model"]["vocab_size"]
-        data = rng.integers(0, V, size=(B, T + 1))
-        return {"x": data[:, :-1].astype(np.int64), "y": data[:, 1:].astype(np.int64)}
-    S, V = rc["model"]["seq_len"], rc["model"]["vocab_size"]
-    # Sudoku-like ids: 1 = blank, 2..V-1 = digits; labels are the full solution (all digits).
-    inputs = rng.integers(1, V, size=(B, S))
-    labels = rng.integers(2, V, size=(B, S))
+        data, source = _gpt_tokens(rc, rng, tokens)
+        return {"x": data[:, :-1].astype(np.int64), "y": data[:, 1:].astype(np.int64)}, source
+    B, S, V = rc["batch_size"], rc["model"]["seq_len"], rc["model"]["vocab_size"]
     n_ids = rc["model"].get("num_puzzle_identifiers", 1)
-    ids = rng.integers(0, n_ids, size=(B,))
-    return {
-        "inputs": inputs.astype(np.int32),
-        "labels": labels.astype(np.int32),
-        "puzzle_identifiers": ids.astype(np.int32),
-    }
+    path = (rc["trainer_cfg"].get("data") or {}).get("path") or ""
+    if tokens == "data" and os.path.isfile(os.path.join(path, "train", "dataset.json")):
+        from data.puzzle_source import PuzzleTrainDataset
+
+        ds = PuzzleTrainDataset(path, global_batch_size=B, seed=seed, process_index=0,
+                                process_count=1)  # fmt: skip
+        return ds.make_batch(0, 0), f"train split of {path} (the trainer's first batch)"
+    if tokens == "data" and (S, V) == (81, 11):
+        from data.sudoku_solver import solved_grids
+
+        blanks = _sudoku_blank_share(rc)
+        labels = solved_grids(B, rng).astype(np.int32) + 1  # 2..10 = digits
+        inputs = np.where(rng.random((B, S)) < blanks, 1, labels)  # 1 = blank
+        ids = rng.integers(0, n_ids, size=(B,))
+        source = f"generated Sudoku grids, {blanks:.3f} of cells blank (no data set on disk)"
+    else:
+        # Sudoku-like ids: 1 = blank, 2..V-1 = digits; labels are the full solution (all digits).
+        inputs = rng.integers(1, V, size=(B, S))
+        labels = rng.integers(2, V, size=(B, S))
+        ids = rng.integers(0, n_ids, size=(B,))
+        source = "uniform tokens" + ("" if tokens == "uniform" else " (no data set, no generator)")
+    batch = {"inputs": inputs, "labels": labels, "puzzle_identifiers": ids}
+    return {k: v.astype(np.int32) for k, v in batch.items()}, source
+
+
+def _sudoku_blank_share(rc: dict) -> float:
+    """The blank share of the config's Sudoku data: `blanks=K` of its generated grids
+    (data.build_args, e.g. trm_sudoku_tiny), else Sudoku-Extreme's."""
+    for arg in (rc["trainer_cfg"].get("data") or {}).get("build_args") or ():
+        key, _, value = str(arg).partition("=")
+        if key == "blanks":
+            return int(value) / 81
+    return SUDOKU_EXTREME_BLANKS
+
+
+def _gpt_tokens(rc: dict, rng, tokens: str) -> tuple[np.ndarray, str]:
+    B, T, V = rc["batch_size"], rc["model"]["block_size"], rc["model"]["vocab_size"]
+    path = os.path.join((rc["trainer_cfg"].get("data") or {}).get("path") or "", "train.bin")
+    if tokens == "data" and os.path.isfile(path):
+        data = np.memmap(path, dtype=np.uint16, mode="r")
+        starts = rng.integers(0, len(data) - T - 1, size=B)
+        return np.stack([data[i : i + T + 1] for i in starts]), f"random windows of {path}"
+    if tokens == "data":
+        # natural-language token frequencies fall off about as 1/rank (Zipf's law)
+        ranks = np.arange(1, V + 1)
+        p = 1.0 / ranks
+        ids = rng.choice(V, size=(B, T + 1), p=p / p.sum())
+        return rng.permutation(V)[ids], "Zipf(1) token ids (no train.bin on disk)"
+    return rng.integers(0, V, size=(B, T + 1)), "uniform tokens"
 
 
 def place_batch(task, batch: dict) -> dict:
@@ -142,7 +194,10 @@ class JaxRunner:
         self.task = make_task(self.tcfg, self.mesh, need_data=False)
         self.step_fn = jit_train_step(self.task)
         self.state = self.task.create_state()
-        self.batch = place_batch(self.task, make_batch(self.cfg, self.spec["seed"]))
+        batch, self.batch_source = make_batch(
+            self.cfg, self.spec["seed"], self.spec.get("tokens", "data")
+        )
+        self.batch = place_batch(self.task, batch)
         jax.block_until_ready((self.state, self.batch))
         dev = jax.devices()[0]
         return {
@@ -154,6 +209,7 @@ class JaxRunner:
             "(jax.jit, NamedShardings, donate_argnums=0)",
             "task_flops_per_step": float(self.task.flops_per_step),
             "attention_impl": _jax_attention_impl(self.task.model_cfg),
+            "batch_source": self.batch_source,
             # params + optimiser state (+ TRM carry), in elements
             "state_elements": int(
                 sum(x.size for x in jax.tree.leaves(self.state) if hasattr(x, "size"))
@@ -294,7 +350,7 @@ class TorchGPTRunner(_TorchRunner):
         }
         self.get_lr = get_lr
         self.fwd = torch.compile(self.model) if self.compile else self.model
-        batch = make_batch(self.cfg, self.spec["seed"])
+        batch, source = make_batch(self.cfg, self.spec["seed"], self.spec.get("tokens", "data"))
         self.x = torch.from_numpy(batch["x"]).to(self.dev)
         self.y = torch.from_numpy(batch["y"]).to(self.dev)
         # nanoGPT's policy: fp32 params and optimiser, matmuls autocast to the compute dtype
@@ -304,7 +360,7 @@ class TorchGPTRunner(_TorchRunner):
         else:
             self.ctx = contextlib.nullcontext
         self.iter_num = 0
-        return _torch_info(self.dev, self.model, self.compile)
+        return {**_torch_info(self.dev, self.model, self.compile), "batch_source": source}
 
     def _step(self):
         import torch
@@ -347,7 +403,7 @@ class TorchTRMRunner(_TorchRunner):
         rc, o = self.cfg, self.cfg["optim"]
         B = rc["batch_size"]
         model_cfg = TRMConfig(**{**rc["model"], "batch_size": B})
-        batch = make_batch(rc, self.spec["seed"])
+        batch, source = make_batch(rc, self.spec["seed"], self.spec.get("tokens", "data"))
         # upstream builds everything under `with torch.device("cuda")`; so do we (the carry too)
         with torch.device(self.dev):
             self.model = ACTLossHead(build_model(model_cfg))
@@ -383,7 +439,7 @@ class TorchTRMRunner(_TorchRunner):
         self.train_batch = train_batch
         self.fwd = torch.compile(self.model) if self.compile else self.model
         self.step_count = 0
-        return _torch_info(self.dev, self.model, self.compile)
+        return {**_torch_info(self.dev, self.model, self.compile), "batch_source": source}
 
     def _loss_fn(self):
         self.carry, loss, metrics, _, _ = self.fwd(carry=self.carry, batch=self.batch)

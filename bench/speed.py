@@ -43,10 +43,13 @@ def bench_config(
     timeout_s: float,
     jax_overrides: dict,
     threads: int | None = None,
+    tokens: str = "data",
+    data_path: str | None = None,
     log=print,
 ) -> dict:
-    """Run one config's implementations interleaved; return its JSON record."""
-    rc = bench_configs.resolve(cfg, seed=seed, jax_overrides=jax_overrides)
+    """Run one config's implementations interleaved; return its JSON record. Every
+    implementation steps on the same batch (bench.runners.make_batch: `tokens`, `data_path`)."""
+    rc = bench_configs.resolve(cfg, seed=seed, jax_overrides=jax_overrides, data_path=data_path)
     try:
         flops = flops_per_step(rc)
     except ValueError:  # a model config its own class refuses: each side reports the error
@@ -63,6 +66,8 @@ def bench_config(
         "items_per_step": rc["items_per_step"],
         "flops_per_step": flops,
         "jax_overrides": jax_overrides,
+        "tokens": tokens,
+        "data_path": data_path,
         "threads": threads,
         "schedule": [],
         "impls": {},
@@ -77,6 +82,7 @@ def bench_config(
             "resolved": rc,
             "seed": seed,
             "threads": threads,
+            "tokens": tokens,
         }
         res = {"status": "ok"}
         record["impls"][impl] = res
@@ -85,6 +91,7 @@ def bench_config(
             w = Worker(spec, timeout_s)
             workers[impl] = w
             res["info"] = w.info
+            log(f"[{cfg.name}] {impl}: batch from {w.info.get('batch_source')}")
         except WorkerError as e:
             log(f"[{cfg.name}] {impl} failed at setup: {record_error(res, e)}")
 

@@ -78,7 +78,7 @@ def main(argv=None):
         compiled = lowered.compile()
         t2 = time.perf_counter()
         state = task.create_state()
-        batch = runners.place_batch(task, runners.make_batch(rc, 0))
+        batch = runners.place_batch(task, runners.make_batch(rc, 0)[0])
         state, m = compiled(state, batch)
         jax.block_until_ready(m)
         mem = compiled.memory_analysis()

@@ -231,6 +231,11 @@ def _random_full_grid(rng: np.random.Generator) -> list[int]:
     return s.solution
 
 
+def solved_grids(n: int, rng: np.random.Generator) -> np.ndarray:
+    """n random complete grids, uint8 [n, 81] of digits 1..9 (about 1 ms each)."""
+    return np.asarray([_random_full_grid(rng) for _ in range(n)], np.uint8).reshape(n, 81)
+
+
 def generate_puzzle(rng: np.random.Generator) -> tuple[list[int], list[int], int]:
     """One minimal uniquely-solvable puzzle: (puzzle, solution, rating = search nodes)."""
     solution = _random_full_grid(rng)

@@ -4,6 +4,7 @@ schedule)."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -215,13 +216,17 @@ def _torch_sign_sgd(table, ids, grads, lr, wd):
     return weights.numpy()
 
 
+UPDATES = pytest.mark.parametrize("update", ["sparse", "dense"])
+
+
+@UPDATES
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_sparse_sign_sgd_matches_torch(dtype, x64):
+def test_sparse_sign_sgd_matches_torch(dtype, update, x64):
     table = np.random.default_rng(3).normal(size=(N_ROWS, D)).astype(dtype)
     grads = _sign_grads(dtype)
     lr, wd = 0.01, 0.5
     expected = _torch_sign_sgd(table, IDS, grads, lr, wd)
-    got = jax.jit(sparse_sign_sgd)(
+    got = jax.jit(functools.partial(sparse_sign_sgd, update=update))(
         jnp.asarray(table), jnp.asarray(IDS), jnp.asarray(grads), learning_rate=lr, weight_decay=wd
     )
     assert got.dtype == table.dtype
@@ -237,14 +242,17 @@ def test_sparse_sign_sgd_matches_torch(dtype, x64):
     assert_close("id 1 (grads cancel, decay only)", got[1], table[1] * f, tol)
 
 
-def test_sparse_sign_sgd_moves_present_rows_by_lr():
+@UPDATES
+def test_sparse_sign_sgd_moves_present_rows_by_lr(update):
     """Fails for a SignSGD that never updates (or updates the wrong rows): with wd = 0 every
     present row moves by exactly -lr * sign(g) and the others keep their bits."""
     table = jnp.asarray(np.random.default_rng(4).normal(size=(N_ROWS, D)), jnp.float32)
     ids = jnp.asarray([6, 2, 6, 4], jnp.int32)
     grads = jnp.asarray(np.random.default_rng(5).normal(size=(4, D)), jnp.float32)
     lr = 0.25  # a power of two: every row move is exact in float32
-    new = jax.jit(sparse_sign_sgd)(table, ids, grads, learning_rate=lr, weight_decay=0.0)
+    new = jax.jit(functools.partial(sparse_sign_sgd, update=update))(
+        table, ids, grads, learning_rate=lr, weight_decay=0.0
+    )
     summed = np.zeros((N_ROWS, D), np.float32)
     np.add.at(summed, np.asarray(ids), np.asarray(grads))
     for r in range(N_ROWS):
@@ -256,18 +264,20 @@ def test_sparse_sign_sgd_moves_present_rows_by_lr():
             assert_close(f"row {r}", new[r], table[r], EXACT)
 
 
-def test_sparse_sign_sgd_single_shared_row():
+@UPDATES
+def test_sparse_sign_sgd_single_shared_row(update):
     """Sudoku/Maze: one puzzle id, every batch row has id 0: the whole batch's grads are summed."""
     table = jnp.asarray([[0.5, -0.5, 0.0]], jnp.float32)
     grads = jnp.asarray([[1.0, -1.0, 1.0], [1.0, -1.0, -3.0], [-1.5, 3.0, 1.0]], jnp.float32)
-    new = jax.jit(sparse_sign_sgd)(
+    new = jax.jit(functools.partial(sparse_sign_sgd, update=update))(
         table, jnp.zeros(3, jnp.int32), grads, learning_rate=0.5, weight_decay=1.0
     )
     assert_close("row 0", new, [[0.25 - 0.5, -0.25 - 0.5, 0.0 + 0.5]], EXACT)
 
 
+@UPDATES
 @pytest.mark.parametrize("axis_type", ["Explicit", "Auto"])
-def test_sparse_sign_sgd_sharded_matches_single_device(axis_type):
+def test_sparse_sign_sgd_sharded_matches_single_device(axis_type, update):
     """Under SPMD jit the table (rows over one mesh axis) and the global batch (over the other)
     give the same table as on one device: the global ids/grads are seen without an all-gather."""
     if len(jax.devices()) < 8:
@@ -280,7 +290,7 @@ def test_sparse_sign_sgd_sharded_matches_single_device(axis_type):
     table = jnp.asarray(rng.normal(size=(16, 4)), jnp.float32)
     ids = jnp.asarray(rng.integers(0, 16, size=8), jnp.int32).at[1].set(3).at[6].set(3)
     grads = jnp.asarray(rng.normal(size=(8, 4)), jnp.float32)
-    step = jax.jit(sparse_sign_sgd)
+    step = jax.jit(functools.partial(sparse_sign_sgd, update=update))
     expected = step(table, ids, grads, learning_rate=0.1, weight_decay=0.1)
     with jax.set_mesh(mesh):
         t_s = jax.device_put(table, NS(mesh, P("rows", None)))

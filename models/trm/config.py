@@ -12,6 +12,9 @@ ARCHS = ("trm", "hrm", "trm_singlez", "trm_hier6", "transformers_baseline")
 # jax.checkpoint_policies). nothing_saveable recomputes the whole block; the dots policies keep the
 # matmul outputs and recompute only the elementwise work (norms, SwiGLU, residual adds).
 REMAT_POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
+# TRMConfig.embed_grad: how the token embedding's gradient is summed (models/trm/layers.py
+# CastedEmbedding); the forward is the same for all three.
+EMBED_GRADS = ("onehot", "scatter_f32", "scatter_bf16")
 
 
 def swiglu_intermediate(width: int, expansion: float) -> int:
@@ -62,6 +65,9 @@ class TRMConfig:
     # One of ATTENTION_IMPLS. torch's SDPA picks flash / mem-efficient / math kernels itself; here
     # the choice is explicit, and "auto" is "explicit" except on an NVIDIA GPU in bf16/fp16.
     attention_impl: str = "auto"
+    # One of EMBED_GRADS. "onehot": a one-hot matmul with float32 sums; "scatter_bf16" sums the
+    # rows in the forward dtype, as a gather of the bf16-cast table differentiates
+    embed_grad: str = "onehot"
 
     def __post_init__(self):
         if self.arch not in ARCHS:
@@ -74,6 +80,10 @@ class TRMConfig:
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(
                 f"TRMConfig.remat_policy={self.remat_policy!r}: expected one of {REMAT_POLICIES}"
+            )
+        if self.embed_grad not in EMBED_GRADS:
+            raise ValueError(
+                f"TRMConfig.embed_grad={self.embed_grad!r}: expected one of {EMBED_GRADS}"
             )
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ValueError(

@@ -109,12 +109,65 @@ class CastedLinear(nnx.Module):
         return y.astype(x.dtype)
 
 
+def onehot_grad_take(weight_vd, ids, cast_to):
+    """`jnp.take(weight, ids, axis=0).astype(cast_to)` whose weight gradient is a one-hot matmul
+    accumulated in the weight's dtype instead of a scatter-add.
+
+    The forward is the gather itself (bit for bit the same rows as casting first). The gradient
+    of a gather is a scatter-add of every row's cotangent into its token's row; with an 11-token
+    vocabulary most of a Sudoku batch's 62,208 rows land on the blank token's row, and a bf16
+    scatter-add both rounds every partial sum to bf16 and is a contended compare-and-swap loop
+    on a GPU (docs/porting_trm_training.md, "An embedding's gradient is a scatter"). Here the
+    gradient is onehot(ids)^T @ cotangent with exact products (one-hot entries are 0 or 1) and
+    sums in float32 (float64 in a float64 run), one matmul that no row contends for."""
+    vocab, dtype = weight_vd.shape[0], jnp.dtype(weight_vd.dtype).name
+    return _onehot_take(vocab, dtype, jnp.dtype(cast_to).name, weight_vd, ids)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _onehot_take(vocab, dtype, cast_to, weight_vd, ids):
+    return jnp.take(weight_vd, ids, axis=0).astype(cast_to)
+
+
+def _onehot_take_fwd(vocab, dtype, cast_to, weight_vd, ids):
+    return _onehot_take(vocab, dtype, cast_to, weight_vd, ids), ids
+
+
+def _onehot_take_bwd(vocab, dtype, cast_to, ids, g_nd):
+    dim = g_nd.shape[-1]
+    onehot_nv = jax.nn.one_hot(ids.reshape(-1), vocab, dtype=g_nd.dtype)
+    grad_vd = jnp.einsum(
+        "nv,nd->vd",
+        onehot_nv,
+        g_nd.reshape(-1, dim),
+        preferred_element_type=dtype,
+        # float32 cotangents as they are (a GPU's default float32 matmul rounds them to TF32)
+        precision=jax.lax.Precision.HIGHEST if g_nd.dtype == jnp.float32 else None,
+    )
+    return grad_vd.astype(dtype), None
+
+
+_onehot_take.defvjp(_onehot_take_fwd, _onehot_take_bwd)
+
+
 class CastedEmbedding(nnx.Module):
-    def __init__(self, num: int, dim: int, init_std: float, cast_to, *, rngs: nnx.Rngs):
+    """`grad` (TRMConfig.embed_grad) picks how the weight's gradient is summed; every choice has
+    the same forward: "onehot" (a one-hot matmul, float32 sums), "scatter_f32" (gather the float32
+    rows, then cast: a float32 scatter-add) or "scatter_bf16" (upstream's order, cast the table
+    then gather: a scatter-add in the forward dtype)."""
+
+    def __init__(
+        self, num: int, dim: int, init_std: float, cast_to, *, grad="onehot", rngs: nnx.Rngs
+    ):
         self.cast_to = jnp.dtype(cast_to)
+        self.grad = grad
         self.embedding_weight = nnx.Param(trunc_normal(rngs.params(), (num, dim), init_std))
 
     def __call__(self, ids):
+        if self.grad == "onehot":
+            return onehot_grad_take(self.embedding_weight[...], ids, self.cast_to)
+        if self.grad == "scatter_f32":
+            return jnp.take(self.embedding_weight[...], ids, axis=0).astype(self.cast_to)
         return jnp.take(self.embedding_weight[...].astype(self.cast_to), ids, axis=0)
 
 

@@ -47,20 +47,27 @@ def _resolve_dtype(loss_dtype: str):
     return jnp.dtype(loss_dtype)
 
 
+def _pick(logprobs_blv, labels_bl, valid_mask_bl):
+    """-logprobs at each label (torch's gather), 0 where the label is ignored. A one-hot select
+    rather than take_along_axis: the same values (x * 1 plus exact zeros) and the same gradient
+    (the cotangent where the label is, else 0), without the scatter-add that differentiating a
+    gather costs (docs/porting_trm_training.md, "An embedding's gradient is a scatter")."""
+    safe_bl = jnp.where(valid_mask_bl, labels_bl, 0)  # ignored labels pick class 0, then masked
+    onehot_blv = jax.nn.one_hot(safe_bl, logprobs_blv.shape[-1], dtype=jnp.bool_)
+    picked_bl = jnp.sum(jnp.where(onehot_blv, logprobs_blv, 0), axis=-1)
+    return -jnp.where(valid_mask_bl, picked_bl, 0)
+
+
 def stablemax_cross_entropy(logits, labels, valid_mask, loss_dtype: str = "float64"):
     logprobs_blv = log_stablemax(logits.astype(_resolve_dtype(loss_dtype)), axis=-1)
-    safe_bl = jnp.where(valid_mask, labels, 0)  # ignored labels gather class 0, then are masked
-    picked_bl1 = jnp.take_along_axis(logprobs_blv, safe_bl[..., None].astype(jnp.int32), axis=-1)
-    return -jnp.where(valid_mask, picked_bl1[..., 0], 0)
+    return _pick(logprobs_blv, labels, valid_mask)
 
 
 def softmax_cross_entropy(logits, labels, valid_mask, loss_dtype: str = "float64"):
     # upstream: float32 F.cross_entropy with ignore_index (its valid_mask TypeError is fixed here)
     del loss_dtype
     logprobs_blv = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    safe_bl = jnp.where(valid_mask, labels, 0)
-    picked_bl1 = jnp.take_along_axis(logprobs_blv, safe_bl[..., None].astype(jnp.int32), axis=-1)
-    return -jnp.where(valid_mask, picked_bl1[..., 0], 0)
+    return _pick(logprobs_blv, labels, valid_mask)
 
 
 def bce_with_logits_sum(x, z):

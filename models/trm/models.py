@@ -120,7 +120,12 @@ class InnerBase(nnx.Module):
         self.embed_scale = math.sqrt(config.hidden_size)
         std = 1.0 / self.embed_scale
         self.embed_tokens = CastedEmbedding(
-            config.vocab_size, config.hidden_size, std, self.forward_dtype, rngs=rngs
+            config.vocab_size,
+            config.hidden_size,
+            std,
+            self.forward_dtype,
+            grad=config.embed_grad,
+            rngs=rngs,
         )
         self.lm_head = CastedLinear(config.hidden_size, config.vocab_size, bias=False, rngs=rngs)
         self.q_head = CastedLinear(config.hidden_size, 2, bias=True, rngs=rngs)
@@ -135,7 +140,12 @@ class InnerBase(nnx.Module):
             )
         elif config.pos_encodings == "learned":
             self.embed_pos = CastedEmbedding(
-                config.total_len, config.hidden_size, std, self.forward_dtype, rngs=rngs
+                config.total_len,
+                config.hidden_size,
+                std,
+                self.forward_dtype,
+                grad=config.embed_grad,
+                rngs=rngs,
             )
         self._build(config, rngs)
         for name in self.init_names:

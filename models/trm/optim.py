@@ -24,6 +24,8 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 ScalarOrSchedule = float | jax.Array | Callable[[jax.Array], jax.Array]
+# sparse_sign_sgd's `update` (TRMOptimConfig.table_update)
+TABLE_UPDATES = ("auto", "dense", "sparse")
 
 
 # --------------------------------------------------------------------------------------------
@@ -114,6 +116,7 @@ def sparse_sign_sgd(
     learning_rate: float | jax.Array,
     weight_decay: float | jax.Array,
     enabled: bool | jax.Array = True,
+    update: str = "auto",
 ) -> jax.Array:
     """Upstream's CastedSparseEmbeddingSignSGD_Distributed step on a [N, D] table; returns the new table.
 
@@ -128,6 +131,13 @@ def sparse_sign_sgd(
     the int32 unique (`_unique_int32`) pads the unique ids with N, an out-of-range row that the final scatter
     drops, so the work is O(B*D), not O(N*D). Under SPMD jit with a global batch array the ids and
     gradients are already the global batch's (upstream all-gathers them by hand).
+
+    `update` (TRMOptimConfig.table_update): "sparse" is the unique-and-scatter path above;
+    "dense" sums the gradients per row with a one-hot matmul and updates the whole [N, D] table
+    through a mask, O(N*B*D) with no scatter (Sudoku's one-row table takes every one of the 768
+    updates of a batch: a contended scatter on a GPU); "auto" is dense when N <= B. The same
+    values up to the order of the float32 sums, which sign() sees only when a sum is 0 within
+    round-off.
     """
     if table.ndim != 2:
         raise ValueError(f"sparse_sign_sgd: table must be [N, D], got shape {table.shape}")
@@ -138,6 +148,10 @@ def sparse_sign_sgd(
             f"and row_grads {row_grads.shape}"
         )
     batch = ids.shape[0]
+    if update not in TABLE_UPDATES:
+        raise ValueError(f"sparse_sign_sgd: update={update!r}: expected one of {TABLE_UPDATES}")
+    if update == "dense" or (update == "auto" and n <= batch):
+        return _dense_sign_sgd(table, ids, row_grads, learning_rate, weight_decay, enabled)
     # Explicit-sharding meshes type every array with its layout: the batch must be replicated for
     # the sort inside unique (this is upstream's all-gather), and the gathered rows need a stated
     # layout. Under Auto sharding or on one device these are no-ops and XLA decides.
@@ -153,6 +167,28 @@ def sparse_sign_sgd(
     rows = table.at[unique_ids].get(mode="fill", fill_value=0, **rows_kw)
     new_rows = jnp.where(enabled, rows * (1 - lr * wd) - lr * jnp.sign(grad_sum), rows)
     return table.at[unique_ids].set(new_rows, mode="drop", **table_kw)
+
+
+def _dense_sign_sgd(table, ids, row_grads, learning_rate, weight_decay, enabled):
+    """sparse_sign_sgd's update of every row at once: per-row sums by one-hot matmul, rows absent
+    from the batch (and every row of a disabled step) kept by a mask."""
+    onehot_bn = jax.nn.one_hot(ids.astype(jnp.int32), table.shape[0], dtype=table.dtype)
+    # an Explicit mesh asks where a sum over the sharded batch goes: into the table's layout
+    table_spec = _explicit_spec(table)
+    explicit = table_spec or _explicit_spec(ids) or _explicit_spec(row_grads)
+    out_kw = {"out_sharding": P(*(table_spec or ()))} if explicit else {}
+    grad_sum_nd = jnp.einsum(
+        "bn,bd->nd",
+        onehot_bn,
+        row_grads.astype(table.dtype),
+        precision=jax.lax.Precision.HIGHEST,  # float32 sums (a GPU's default would be TF32)
+        **out_kw,
+    )
+    present_n1 = (jnp.sum(onehot_bn, axis=0) > 0)[:, None]
+    lr = jnp.asarray(learning_rate, table.dtype)
+    wd = jnp.asarray(weight_decay, table.dtype)
+    new_table = table * (1 - lr * wd) - lr * jnp.sign(grad_sum_nd)
+    return jnp.where(jnp.logical_and(present_n1, enabled), new_table, table)
 
 
 def _unique_int32(ids: jax.Array, fill_value: int) -> tuple[jax.Array, jax.Array]:

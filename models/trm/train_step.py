@@ -37,7 +37,14 @@ from flax import nnx, struct
 
 from models.trm.layers import PuzzleTable
 from models.trm.losses import act_loss
-from models.trm.optim import adam_atan2, ema_init, ema_update, sparse_sign_sgd, trm_lr
+from models.trm.optim import (
+    TABLE_UPDATES,
+    adam_atan2,
+    ema_init,
+    ema_update,
+    sparse_sign_sgd,
+    trm_lr,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +68,9 @@ class TRMOptimConfig:
     # "float32" accepts a float32 loss instead (see docs/porting_trm.md)
     loss_type: str = "stablemax_cross_entropy"
     loss_dtype: str = "float64"
+    # how SignSGD updates the puzzle table (models.trm.optim.TABLE_UPDATES): "auto" is a dense
+    # masked update when the table has no more rows than the batch (Sudoku: 1), else sparse
+    table_update: str = "auto"
 
     def __post_init__(self):
         if self.global_batch_size <= 0:
@@ -69,6 +79,11 @@ class TRMOptimConfig:
             )
         if self.total_steps <= 0:
             raise ValueError(f"TRMOptimConfig.total_steps must be > 0, got {self.total_steps}")
+        if self.table_update not in TABLE_UPDATES:
+            raise ValueError(
+                f"TRMOptimConfig.table_update={self.table_update!r}: expected one of "
+                f"{TABLE_UPDATES}"
+            )
         if not 0.0 <= self.ema_rate <= 1.0:
             raise ValueError(f"TRMOptimConfig.ema_rate must be in [0, 1], got {self.ema_rate}")
 
@@ -218,6 +233,7 @@ def train_step(
                 learning_rate=emb_lr,
                 weight_decay=config.puzzle_emb_weight_decay,
                 enabled=jnp.logical_not(skipped),
+                update=config.table_update,
             ),
             state.table,
         )

@@ -1,0 +1,157 @@
+"""The trainer's own loop against its bare jitted step, on the same batches: `python -m bench trainer`.
+
+    python -m bench trainer +experiment=trm_sudoku data.path=DIR [OVERRIDE ...] [--steps 20]
+                            [--warmup 3] [--out FILE]
+
+One process, so both sides run under the same XLA flags, allocator settings and devices:
+
+1. bare: the trainer's task (train.families.make_task) and its own data iterator
+   (`task.train_iterator()`, the batches the trainer will draw, in its order); warmup + steps
+   batches placed on the devices first, then the step (train.jit.jit_train_step: the trainer's
+   jitted, sharded, donating step) run over them with one sync at the end;
+2. trainer: `train.main.run` on the same config for warmup + steps steps (trainer.max_steps),
+   logging every `--steps // 4` steps; its seconds per step are the step_time_ms it logs
+   (train/trainer.py StepClock: waited one step late, compile excluded), median of its windows
+   after the warm-up;
+3. bare again, on a fresh state: the mean of both bare figures is the one reported.
+
+Both compile the same program: the persistent compilation cache (a temporary directory unless
+JAX_COMPILATION_CACHE_DIR is set) hands the second its executable. Prints one line
+`TRAINER_VS_BARE {json}` with `trainer_over_bare` = trainer s/step / bare s/step, and writes it to
+--out. A ratio near 1 says the loop adds nothing; the gap between this benchmark's figure and
+`python -m bench`'s is then in the batches (docs/benchmarks.md, "A benchmark fed uniform tokens
+hides a contended scatter").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _bare(task, batches, step_fn) -> float:
+    """Seconds per step of the jitted step over pre-placed batches, one sync at the end."""
+    import jax
+
+    state = task.create_state()
+    warm, timed = batches
+    for batch in warm:
+        state, metrics = step_fn(state, batch)
+    jax.block_until_ready((state, metrics))
+    t0 = time.perf_counter()
+    for batch in timed:
+        state, metrics = step_fn(state, batch)
+    jax.block_until_ready((state, metrics))
+    return (time.perf_counter() - t0) / len(timed)
+
+
+def _trainer_windows(run_dir: Path, warmup: int) -> list[dict]:
+    rows = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if "step_time_ms" in row and row["step"] > warmup:
+            rows.append({"step": row["step"], "step_time_ms": row["step_time_ms"]})
+    return rows
+
+
+def measure(overrides: list[str], *, steps: int, warmup: int, work: Path) -> dict:
+    import jax
+
+    from train import families
+    from train.compilation_cache import setup_compilation_cache
+    from train.compose import load_config
+    from train.jit import jit_train_step
+    from train.main import run
+    from train.mesh import make_mesh
+
+    window = max(1, steps // 4)
+    cfg = load_config([
+        *overrides,
+        "logging.wandb=disabled",
+        "trainer.progress_bar=false",
+        "checkpoint.enabled=false",
+        f"run.out_dir={work}",
+        "run.name=trainer",
+        f"trainer.max_steps={warmup + steps}",
+        f"trainer.log_interval={window}",
+        f"run.compilation_cache_dir={work / 'xla-cache'}",
+        "run.compilation_cache_min_compile_secs=0",
+    ])  # fmt: skip
+    # what the trainer's run() would do first: the cache, x64 for the float64 loss
+    setup_compilation_cache(cfg.run.compilation_cache_dir, 0)
+    families.enable_x64_if_needed(cfg)
+    mesh = make_mesh(cfg.mesh)
+    task = families.make_task(cfg, mesh)
+    data_iter = task.train_iterator()
+    local = [next(data_iter) for _ in range(warmup + steps)]
+    placed = [task.to_global(b) for b in local]
+    batches = (placed[:warmup], placed[warmup:])
+    step_fn = jit_train_step(task)
+    t0 = time.perf_counter()
+    bare = [_bare(task, batches, step_fn)]
+    first_bare_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    run(cfg)
+    trainer_wall_s = time.perf_counter() - t0
+    bare.append(_bare(task, batches, step_fn))
+    windows = _trainer_windows(work / "trainer", warmup)
+    if not windows:
+        raise SystemExit("bench trainer: the trainer logged no step time after the warm-up")
+    trainer_s = statistics.median(w["step_time_ms"] for w in windows) / 1e3
+    bare_s = statistics.fmean(bare)
+    tokens = local[0].get("inputs", local[0].get("x"))
+    return {
+        "overrides": overrides,
+        "device": str(jax.devices()[0].device_kind),
+        "num_devices": jax.device_count(),
+        "steps": steps,
+        "warmup": warmup,
+        "batch_source": f"the trainer's data iterator on {cfg.data.get('path')}",
+        "first_batch_token_counts": {
+            int(k): int(v) for k, v in zip(*np.unique(tokens, return_counts=True))
+        },
+        "bare_s_per_step": bare_s,
+        "bare_runs_s_per_step": bare,
+        "first_bare_with_compile_s": first_bare_s,
+        "trainer_s_per_step": trainer_s,
+        "trainer_windows": windows,
+        "trainer_wall_s": trainer_wall_s,
+        "trainer_over_bare": trainer_s / bare_s,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m bench trainer", description=__doc__.split("\n")[0])
+    p.add_argument("overrides", nargs="+", help="Hydra overrides, as for python -m train.main")
+    p.add_argument("--steps", type=int, default=20, help="timed steps (each side)")
+    p.add_argument("--warmup", type=int, default=3, help="steps before the timed ones")
+    p.add_argument("--out", default=None, help="also write the result JSON here")
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if a.steps < 1 or a.warmup < 1:
+        p.error("--steps and --warmup must be >= 1")
+    with tempfile.TemporaryDirectory(prefix="bench_trainer_") as tmp:
+        result = measure(a.overrides, steps=a.steps, warmup=a.warmup, work=Path(tmp))
+    line = json.dumps(result, default=str)
+    print(
+        f"trainer {result['trainer_s_per_step'] * 1e3:.1f} ms/step, bare "
+        f"{result['bare_s_per_step'] * 1e3:.1f} ms/step: trainer_over_bare "
+        f"{result['trainer_over_bare']:.3f}",
+        flush=True,
+    )
+    print("TRAINER_VS_BARE " + line, flush=True)
+    if a.out:
+        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+        Path(a.out).write_text(json.dumps(result, indent=1, default=str))
+    return result
+
+
+if __name__ == "__main__":
+    main()
