@@ -1,30 +1,34 @@
 """One GPU session's whole plan in one command, every part time-boxed: `python -m bench gpu`.
 
-    python -m bench gpu [--out DIR] [--work DIR] [--assets DIR] [--budget-s S] [--steps a,b,c,d]
+    python -m bench gpu [--out DIR] [--work DIR] [--assets DIR] [--budget-s S] [--steps a,b,c,d,e]
                         [--box PART=S ...] [--cap STEP=S ...] [--dry-run]
     python -m bench gpu prepare --data DIR [--assets DIR]   # the data sets the parts read (once)
     python -m bench gpu env                                   # one line: device, driver, versions
     python -m bench gpu sudoku-data --src DIR [--test-csv F] --num-aug N --out DIR
 
-The plan (docs/benchmarks.md, "What a GPU session runs"), in priority order:
+The plan (docs/benchmarks.md, "What a GPU session runs"); the parts run in `plan()`'s order,
+which is by priority (a.env, b, c.trainer_scatter_f32, d, the rest of c, a.pytest, e):
 
-  a  the environment in one line; `pytest -m gpu` on the test files that hold gpu-marked tests;
-     50 steps each of trm_sudoku_tiny and gpt_shakespeare_char_tiny through `python -m train.main`
-  b  `python -m bench --device gpu` on trm_sudoku, then on gpt2_124m (JAX vs our PyTorch reference,
-     eager and torch.compile, interleaved; MFU against the device's bf16 dense peak)
-  c  gpt_shakespeare_char to val loss <= 1.47: this trainer, then nanoGPT's own train.py with the
-     same settings (config/train_shakespeare_char.py), each stopped at its first evaluation there
-  d  trm_sudoku on Sudoku-Extreme 1k x 1000 augmentations (built first): this trainer's steps/s
-     and the projected wall time of the paper's 65,104 steps, then upstream pretrain.py's steps/s
-     in the time left
+  a  the environment in one line; `pytest -m gpu` on the test files that hold gpu-marked tests
+  b  Sudoku-Extreme 1k x 1000 augmentations built on the device (trm_sudoku's data); on it
+     `python -m bench trainer` (the trainer's loop against its bare jitted step, the same batches
+     from the trainer's own iterator: `trainer_over_bare`) for the default step and for the step
+     whose embedding gradient is a bf16 scatter (model.embed_grad=scatter_bf16,
+     optim.table_update=sparse); then `python -m bench --device gpu` on trm_sudoku fed those
+     batches (JAX vs our PyTorch reference, eager and torch.compile, interleaved)
+  c  the variant sweep: `bench trainer` with model.embed_grad=scatter_f32, and with
+     optim.table_update=sparse; `python -m bench` on gpt2_124m (JAX vs eager vs torch.compile)
+  d  upstream pretrain.py's steps/s on the same data (eager, AdamATan2's reference kernel)
+  e  gpt_shakespeare_char to val loss <= 1.47 twice: the first run fills a compilation cache, the
+     second starts from it (time to the target with a warm cache)
 
 Every part is one process group with a time box, capped by what is left of its step's cap and of
-the whole budget (--budget-s); step d takes what a-c leave. When a part ends (exit, a target
-reached, its box, or a failure) one JSON line goes to OUT/results.jsonl (status ok | failed |
-timeout | skipped, exit code, seconds, box, command, what it measured), its output has already
-gone to OUT/<step>.log line by line, and OUT/summary.md is rewritten. A timeout, of a part or of
-the whole call, keeps everything done before it; the next part runs whatever the last one did.
-OUT gets 6 files (results.jsonl, summary.md, a.log .. d.log): a GPU loan brings back at most 8.
+the whole budget (--budget-s). When a part ends (exit, a target reached, its box, or a failure)
+one JSON line goes to OUT/results.jsonl (status ok | failed | timeout | skipped, exit code,
+seconds, box, command, what it measured), its output has already gone to OUT/<step>.log line by
+line, and OUT/summary.md is rewritten. A timeout, of a part or of the whole call, keeps everything
+done before it; the next part runs whatever the last one did. OUT gets 7 files (results.jsonl,
+summary.md, a.log .. e.log): a GPU loan brings back at most 8.
 
 Inputs come from ASSETS (default `.gpu`, git-ignored; `bash bench/gpu_prepare.sh` fills it):
 upstream/{nanoGPT,TinyRecursiveModels,adam-atan2} (checkout files; upstream/COMMITS),
@@ -42,6 +46,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import math
 import os
 import queue
 import re
@@ -58,71 +63,63 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = "results.jsonl"
 SUMMARY = "summary.md"
-STEPS = ("a", "b", "c", "d")
-# d.jax traces trainer steps 6-8 (trainer.profile_start): is the device busy for the whole step?
-PROFILE_WINDOW = (6, 3)
+STEPS = ("a", "b", "c", "d", "e")
 PAPER_TRM_STEPS = (
     65104  # 50,000 epochs x 1000 groups / batch 768 (configs/experiment/trm_sudoku.yaml)
 )
 TARGET_VAL_LOSS = 1.47  # nanoGPT README: 1.4697 for config/train_shakespeare_char.py
+# the step variants `bench trainer` measures (b: the default and the bf16-scatter step; c: the
+# other embedding gradient, and the default with the sparse table update)
+TRAINER_VARIANTS = {
+    "b.trainer": (),
+    "b.trainer_scatter_bf16": ("model.embed_grad=scatter_bf16", "optim.table_update=sparse"),
+    "c.trainer_scatter_f32": ("model.embed_grad=scatter_f32",),
+    "c.trainer_sparse": ("optim.table_update=sparse",),
+}
+TRAINER_STEPS = (2, 12)  # (warm-up, timed) steps of each `bench trainer` side
+# The TRM parts share one persistent compilation cache: `bench trainer`'s two sides and the
+# bench's JAX worker build the same default step (its compile_s is then a cache load)
+TRM_CACHE = "xla-cache-trm"
 
-# Seconds. A part's box is capped by what is left of its step's cap and of the budget; d's parts
-# have no box of their own: d takes what is left (d.jax DJAX_SHARE of it when upstream follows).
+# Seconds. A part's box is capped by what is left of its step's cap and of the budget.
 GPU_BOXES = {
     "a.env": 30,
     "a.pytest": 60,
-    "a.trm_sudoku_tiny": 45,
-    "a.gpt_shakespeare_char_tiny": 45,
-    "b.trm_sudoku": 130,
-    "b.gpt2_124m": 100,
-    "c.jax": 80,
-    "c.upstream": 100,
-    "d.data": 60,
+    "b.data": 60,
+    "b.trainer": 110,
+    "b.trainer_scatter_bf16": 130,
+    "b.trm_sudoku": 150,
+    "c.trainer_scatter_f32": 100,
+    "c.trainer_sparse": 100,
+    "c.gpt2_124m": 100,
+    "d.upstream": 90,
+    "e.jax_cold": 80,
+    "e.jax_warm": 70,
 }
-GPU_STEP_CAPS = {"a": 100, "b": 210, "c": 180}
-GPU_BUDGET_S = 510
+GPU_STEP_CAPS = {"a": 80, "b": 400}
+GPU_BUDGET_S = 560
 DRY_BOXES = {
     "a.env": 15,
     "a.pytest": 20,
-    "a.trm_sudoku_tiny": 25,
-    "a.gpt_shakespeare_char_tiny": 20,
+    "b.data": 10,
+    "b.trainer": 25,
+    "b.trainer_scatter_bf16": 20,
     "b.trm_sudoku": 20,
-    "b.gpt2_124m": 20,
-    "c.jax": 20,
-    "c.upstream": 15,
-    "d.data": 10,
-    "d.jax": 15,
+    "c.trainer_scatter_f32": 15,
+    "c.trainer_sparse": 15,
+    "c.gpt2_124m": 25,
     "d.upstream": 10,
+    "e.jax_cold": 20,
+    "e.jax_warm": 15,
 }
-DRY_STEP_CAPS = {"a": 50, "b": 30, "c": 20}
-DRY_BUDGET_S = 120
-DJAX_SHARE = 0.6
+DRY_STEP_CAPS = {"a": 35, "b": 75}
+DRY_BUDGET_S = 150
 MIN_BOX_S = 5.0  # a part with less time than this left is skipped ("no time left")
 
 # what the dry run runs instead (the CPU stand-ins of each GPU size)
-DRY_BENCH = {"b.trm_sudoku": "trm_sudoku_tiny", "b.gpt2_124m": "gpt_shakespeare_char_tiny"}
+DRY_BENCH = {"b.trm_sudoku": "trm_sudoku_tiny", "c.gpt2_124m": "gpt_shakespeare_char_tiny"}
 DRY_TARGET_VAL_LOSS = 3.3  # gpt_shakespeare_char_tiny: 3.08 at step 20 on tiny-shakespeare
 DRY_EVAL_INTERVAL = 20
-DRY_TINY_STEPS = 20
-# nanoGPT README's CPU recipe, shortened to the dry run's size (bench/curves.py has the full one)
-DRY_NANOGPT_ARGS = (
-    "--device=cpu",
-    "--compile=False",
-    "--eval_iters=5",
-    f"--eval_interval={DRY_EVAL_INTERVAL}",
-    "--warmup_iters=20",  # as gpt_shakespeare_char_tiny (config/train_shakespeare_char.py: 100)
-    "--log_interval=10",
-    "--block_size=64",
-    "--batch_size=12",
-    "--n_layer=4",
-    "--n_head=4",
-    "--n_embd=128",
-    "--max_iters=300",
-    "--lr_decay_iters=300",
-    "--dropout=0.0",
-)
-# trm_sudoku_tiny's own data, smaller, when ASSETS has no prebuilt copy (dry run)
-DRY_TINY_SUDOKU_ARGS = "['train=40','test=16','blanks=30','num_aug=2','unique=1']"
 
 TRAINER_QUIET = (
     "logging.wandb=disabled",
@@ -368,53 +365,23 @@ class TrainerRun(Part):
         return out
 
 
-class TinyTrainPart(TrainerRun):
-    """a: 50 steps of a tiny experiment on the device (DRY_TINY_STEPS in a dry run)."""
-
-    def __init__(self, step, name):
-        super().__init__(step, name)
-        self.experiment = name
-
-    def missing(self, ctx):
-        if (
-            "gpt" in self.experiment
-            and not (ctx.asset("data", "shakespeare_char") / "train.bin").exists()
-        ):
-            return f"{ctx.asset('data', 'shakespeare_char')}/train.bin (bash bench/gpu_prepare.sh)"
-        return None
-
-    def overrides(self, ctx):
-        steps = DRY_TINY_STEPS if ctx.dry_run else 50
-        out = [f"trainer.max_steps={steps}", "trainer.log_interval=10"]
-        if "gpt" in self.experiment:
-            return [*out, f"data.path={ctx.asset('data', 'shakespeare_char')}"]
-        data = ctx.asset("data", "sudoku-tiny-30u")
-        if (data / "train" / "dataset.json").exists():
-            return [*out, f"data.path={data}"]
-        # no prebuilt copy: the trainer builds it (smaller in a dry run)
-        out.append(f"data.path={ctx.work / 'sudoku-tiny-30u'}")
-        return [*out, f"data.build_args={DRY_TINY_SUDOKU_ARGS}"] if ctx.dry_run else out
-
-    def result(self, ctx, rc, ended):
-        return self.trainer_facts(ctx)
-
-    def headline(self, r):
-        ms = r.get("step_time_ms_median")
-        return f"{r.get('steps')} steps, first step {r.get('first_step_s')} s" + (
-            f", {ms:.1f} ms/step" if ms else ""
-        )
-
-
 class BenchPart(Part):
-    """b: `python -m bench` on one config (its own invocation, so one config's timeout keeps the
-    other's results)."""
+    """`python -m bench` on one config (its own invocation, so one config's timeout keeps the
+    other's results); a TRM config is fed batches of the Sudoku set b.data built."""
 
     def __init__(self, step, config):
         super().__init__(step, config)
         self.config = config
+        self.needs = ("b.data",) if config.startswith("trm") else ()
 
     def out_dir(self, ctx) -> Path:
         return ctx.work / f"bench-{self.config}"
+
+    def env(self, ctx):
+        env = super().env(ctx)
+        if self.needs:
+            env["JAX_COMPILATION_CACHE_DIR"] = str(ctx.work / TRM_CACHE)
+        return env
 
     def command(self, ctx):
         shutil.rmtree(self.out_dir(ctx), ignore_errors=True)
@@ -423,6 +390,8 @@ class BenchPart(Part):
                     "--steps", "2", "--warmup", "0", "--inner", "1", "--peak-flops", "1e11"]  # fmt: skip
         else:
             args = ["--device", "gpu", "--configs", self.config]
+        if self.needs:
+            args += ["--data", str(ctx.work / SUDOKU_DIR)]
         # a worker that does not answer within this (torch.compile's first call, say) is recorded
         # as failed and the others go on: bench.json is written only at the end
         timeout = max(20, int(0.6 * self.box))
@@ -495,18 +464,26 @@ class TargetRun(Part):
 
 
 class JaxTargetRun(TargetRun, TrainerRun):
-    def __init__(self, step):
-        TargetRun.__init__(self, step, "jax")
+    """e: gpt_shakespeare_char to the target, with the compilation cache in WORK/xla-cache: the
+    cold run fills it, the warm run (a second process, as a rerun would be) starts from it."""
+
+    def __init__(self, step, name):
+        TargetRun.__init__(self, step, name)
+        self.needs = ("e.jax_cold",) if name == "jax_warm" else ()
 
     def command(self, ctx):
         self.experiment = "gpt_shakespeare_char_tiny" if ctx.dry_run else "gpt_shakespeare_char"
         if ctx.dry_run:
             self.target = DRY_TARGET_VAL_LOSS
         self._metrics = self.run_dir(ctx) / "metrics.jsonl"
-        return TrainerRun.command(self, ctx)
+        if self.name == "jax_cold":
+            shutil.rmtree(ctx.work / "xla-cache", ignore_errors=True)
+        cmd = TrainerRun.command(self, ctx)
+        return [c for c in cmd if c != "run.compilation_cache_dir=null"]  # TRAINER_QUIET's
 
     def overrides(self, ctx):
-        out = [f"data.path={ctx.asset('data', 'shakespeare_char')}"]
+        out = [f"data.path={ctx.asset('data', 'shakespeare_char')}",
+               f"run.compilation_cache_dir={ctx.work / 'xla-cache'}"]  # fmt: skip
         if ctx.dry_run:
             out += [f"trainer.eval_interval={DRY_EVAL_INTERVAL}", "trainer.eval_iters=5"]
         return out
@@ -525,34 +502,37 @@ class JaxTargetRun(TargetRun, TrainerRun):
         return {**TargetRun.result(self, ctx, rc, ended), **self.trainer_facts(ctx)}
 
 
-_NANOGPT_EVAL = re.compile(r"^step (\d+): train loss ([\d.]+), val loss ([\d.]+)")
+class TrainerVsBarePart(Part):
+    """b, c: `python -m bench trainer` on trm_sudoku (trm_sudoku_tiny in a dry run) with the
+    Sudoku set b.data built, for one step variant (TRAINER_VARIANTS)."""
 
+    needs = ("b.data",)
 
-class NanoGPTTargetRun(TargetRun):
-    def __init__(self, step):
-        super().__init__(step, "upstream")
-
-    def src(self, ctx) -> Path:
-        return ctx.asset("upstream", "nanoGPT")
-
-    def missing(self, ctx):
-        if not (self.src(ctx) / "train.py").exists():
-            return f"{self.src(ctx)}/train.py (bash bench/gpu_prepare.sh --nanogpt SRC)"
-        return super().missing(ctx)
+    def env(self, ctx):
+        return {**super().env(ctx), "JAX_COMPILATION_CACHE_DIR": str(ctx.work / TRM_CACHE)}
 
     def command(self, ctx):
-        if ctx.dry_run:
-            self.target = DRY_TARGET_VAL_LOSS
-        out = ctx.work / "c-nanogpt"
-        shutil.rmtree(out, ignore_errors=True)
-        args = DRY_NANOGPT_ARGS if ctx.dry_run else ()  # on a GPU: the config file's own settings
-        return _py(ctx, "-m", "bench.upstream_runs", "nanogpt", "--src", self.src(ctx),
-                   "--data", ctx.asset("data", "shakespeare_char"), "--seed", 1337, "--out", out,
-                   "--", *args, f"--out_dir={out / 'out'}")  # fmt: skip
+        experiment = "trm_sudoku_tiny" if ctx.dry_run else "trm_sudoku"
+        warmup, steps = (1, 4) if ctx.dry_run else TRAINER_STEPS
+        return _py(ctx, "-m", "bench", "trainer", f"+experiment={experiment}",
+                   f"data.path={ctx.work / SUDOKU_DIR}", *TRAINER_VARIANTS[self.key],
+                   "--steps", steps, "--warmup", warmup)  # fmt: skip
 
-    def watch(self, t, line):
-        m = _NANOGPT_EVAL.match(line)
-        return bool(m) and self.add_eval(t, int(m.group(1)), float(m.group(3)))
+    def result(self, ctx, rc, ended):
+        for _, line in reversed(self.lines):
+            if line.startswith("TRAINER_VS_BARE {"):
+                r = json.loads(line[len("TRAINER_VS_BARE ") :])
+                r["projected_h"] = PAPER_TRM_STEPS * r["trainer_s_per_step"] / 3600
+                return r
+        return {}
+
+    def headline(self, r):
+        return (f"trainer {1e3 * r['trainer_s_per_step']:.1f} ms/step, bare "
+                f"{1e3 * r['bare_s_per_step']:.1f} ms/step, trainer_over_bare "
+                f"{r['trainer_over_bare']:.3f}; {PAPER_TRM_STEPS} steps ~ {r['projected_h']:.1f} h")  # fmt: skip
+
+
+SUDOKU_DIR = "sudoku-extreme-1k"
 
 
 class SudokuDataPart(Part):
@@ -565,11 +545,10 @@ class SudokuDataPart(Part):
         return None
 
     def command(self, ctx):
+        # train split only: the runs on it measure steps, and without a test split the trainer's
+        # closing evaluation (a compile of its own per variant) is skipped
         args = ["--src", self.src(ctx), "--num-aug", 2 if ctx.dry_run else 1000,
-                "--out", ctx.work / "sudoku-extreme-1k"]  # fmt: skip
-        csv = ctx.asset("data", "sudoku-hard-test-1k", "test.csv")
-        if csv.exists():
-            args += ["--test-csv", csv]
+                "--out", ctx.work / SUDOKU_DIR]  # fmt: skip
         return _py(ctx, "-m", "bench", "gpu", "sudoku-data", *args)
 
     def result(self, ctx, rc, ended):
@@ -616,73 +595,12 @@ def _throughput_headline(r: dict) -> str:
             f"{r['paper_steps']} steps ~ {r['projected_h']:.1f} h")  # fmt: skip
 
 
-class JaxThroughputPart(TrainerRun):
-    ok_at_box = True
-    needs = ("d.data",)
-
-    def __init__(self, step):
-        super().__init__(step, "jax")
-        self.tp = Throughput()
-
-    def command(self, ctx):
-        self.experiment = "trm_sudoku_tiny" if ctx.dry_run else "trm_sudoku"
-        return super().command(ctx)
-
-    def overrides(self, ctx):
-        start, steps = PROFILE_WINDOW
-        return [f"data.path={ctx.work / 'sudoku-extreme-1k'}", "trainer.log_interval=10",
-                f"trainer.profile_start={start}", f"trainer.profile_steps={steps}"]  # fmt: skip
-
-    def env(self, ctx):
-        env = super().env(ctx)
-        if not ctx.dry_run:  # the trace's ops, not CUDA graphs (docs/benchmarks.md)
-            from bench.profile import without_command_buffers
-
-            env["XLA_FLAGS"] = without_command_buffers(env["XLA_FLAGS"])
-        return env
-
-    def watch(self, t, line):
-        m = _STEP_LINE.match(line)
-        if m and "step_time_ms" in m.group(2):
-            self.tp.add(t, int(m.group(1)))
-        return False
-
-    def result(self, ctx, rc, ended):
-        facts = self.trainer_facts(ctx)
-        out = {**facts, **self.tp.summary(facts.get("first_step_s"))}
-        if facts.get("step_time_ms_median"):  # the trainer's own step time, host work excluded
-            out["projected_h_from_step_time"] = (
-                PAPER_TRM_STEPS * facts["step_time_ms_median"] / 1e3 + (facts["first_step_s"] or 0)
-            ) / 3600
-        traces = sorted((self.run_dir(ctx) / "profile").rglob("*.trace.json.gz"))
-        if traces:  # the window of trainer.profile_start: the device's busy time vs the steps'
-            from bench.profile import op_span_ms, summarise
-
-            steps = PROFILE_WINDOW[1]
-            op_ms, rows = summarise(str(traces[-1]), steps)
-            out["profile"] = {
-                "steps": f"{PROFILE_WINDOW[0]}-{sum(PROFILE_WINDOW) - 1}",
-                "op_ms_per_step": op_ms,
-                "span_ms_per_step": op_span_ms(str(traces[-1]), steps),
-                "top_ops": [[name, round(ms, 2), n] for name, ms, n, _ in rows[:15]],
-            }
-        return out
-
-    def headline(self, r):
-        line = _throughput_headline(r)
-        if "profile" in r:
-            p = r["profile"]
-            line += (f"; steps {p['steps']} traced: ops {p['op_ms_per_step']:.0f} ms, "
-                     f"first op to last {p['span_ms_per_step']:.0f} ms per step")  # fmt: skip
-        return line
-
-
 _UPSTREAM_STEP = re.compile(r"^train step (\d+)")
 
 
 class UpstreamThroughputPart(Part):
     ok_at_box = True
-    needs = ("d.data",)
+    needs = ("b.data",)
 
     def __init__(self, step):
         super().__init__(step, "upstream")
@@ -711,7 +629,7 @@ class UpstreamThroughputPart(Part):
         out = ctx.work / "d-upstream"
         shutil.rmtree(out, ignore_errors=True)
         return _py(ctx, "-m", "bench.upstream_runs", "trm", "--src", trm, "--adam-atan2-src", adam,
-                   "--data", ctx.work / "sudoku-extreme-1k", "--seed", 0, "--out", out,
+                   "--data", ctx.work / SUDOKU_DIR, "--seed", 0, "--out", out,
                    "--device", "cpu" if ctx.dry_run else "cuda", "--log-every", 1, "--",
                    *upstream_overrides(experiment))  # fmt: skip
 
@@ -745,16 +663,17 @@ def plan() -> list[Part]:
     """Every part, in the order they run."""
     return [
         EnvPart("a", "env"),
-        PytestPart("a", "pytest"),
-        TinyTrainPart("a", "trm_sudoku_tiny"),
-        TinyTrainPart("a", "gpt_shakespeare_char_tiny"),
+        SudokuDataPart("b", "data"),
+        TrainerVsBarePart("b", "trainer"),
+        TrainerVsBarePart("b", "trainer_scatter_bf16"),
         BenchPart("b", "trm_sudoku"),
-        BenchPart("b", "gpt2_124m"),
-        JaxTargetRun("c"),
-        NanoGPTTargetRun("c"),
-        SudokuDataPart("d", "data"),
-        JaxThroughputPart("d"),
+        TrainerVsBarePart("c", "trainer_scatter_f32"),
         UpstreamThroughputPart("d"),
+        BenchPart("c", "gpt2_124m"),
+        TrainerVsBarePart("c", "trainer_sparse"),
+        PytestPart("a", "pytest"),
+        JaxTargetRun("e", "jax_cold"),
+        JaxTargetRun("e", "jax_warm"),
     ]
 
 
@@ -780,18 +699,13 @@ class Session:
     def left(self) -> float:
         return self.budget_s - (time.monotonic() - self.t0)
 
-    def box_for(self, part: Part, later_in_step: list[Part]) -> float:
-        left = self.left()
-        if part.key in self.boxes:
-            box = min(self.boxes[part.key], left)
-            cap = self.caps.get(part.step)
-            if cap is not None:
-                box = min(box, cap - self.step_used.get(part.step, 0.0))
-            return box
-        # d: what is left, shared with the next part that can run
-        if any(p.missing(self.ctx) is None for p in later_in_step):
-            return DJAX_SHARE * left
-        return left
+    def box_for(self, part: Part) -> float:
+        """The part's box (what is left of the budget when it has none), within its step's cap."""
+        box = min(self.boxes.get(part.key, math.inf), self.left())
+        cap = self.caps.get(part.step)
+        if cap is not None:
+            box = min(box, cap - self.step_used.get(part.step, 0.0))
+        return box
 
     def write(self, record: dict) -> None:
         with open(self.ctx.out / RESULTS, "a") as f:
@@ -807,10 +721,10 @@ class Session:
                 return f"needs {need}, which is {rec['status'] if rec else 'not run'}"
         return None
 
-    def run_part(self, part: Part, later_in_step: list[Part]) -> dict:
+    def run_part(self, part: Part) -> dict:
         rec = {"kind": "part", "step": part.step, "part": part.key, "started_utc": _utc()}
         reason = self.skip_reason(part)
-        box = self.box_for(part, later_in_step)
+        box = self.box_for(part)
         if reason is None and box < min(MIN_BOX_S, self.boxes.get(part.key, MIN_BOX_S)):
             reason = f"no time left ({max(box, 0):.0f} s of the step's cap or the budget)"
         if reason is not None:
@@ -865,9 +779,8 @@ class Session:
     def run(self, parts: list[Part], header: dict) -> list[dict]:
         self.header = header
         self.write(header)
-        for i, part in enumerate(parts):
-            later = [p for p in parts[i + 1 :] if p.step == part.step]
-            self.run_part(part, later)
+        for part in parts:
+            self.run_part(part)
         end = {"kind": "end", "wall_s": round(time.monotonic() - self.t0, 1),
                "status": {r["part"]: r["status"] for r in self.records}}  # fmt: skip
         self.write(end)

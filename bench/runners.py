@@ -24,7 +24,6 @@ import time
 
 import numpy as np
 
-
 # Sudoku-Extreme's 1k training puzzles: 55,760 of their 81,000 cells are blank (ids 1)
 SUDOKU_EXTREME_BLANKS = 0.688
 TOKENS = ("data", "uniform")
@@ -48,12 +47,17 @@ def make_batch(rc: dict, seed: int, tokens: str = "data") -> tuple[dict[str, np.
         return {"x": data[:, :-1].astype(np.int64), "y": data[:, 1:].astype(np.int64)}, source
     B, S, V = rc["batch_size"], rc["model"]["seq_len"], rc["model"]["vocab_size"]
     n_ids = rc["model"].get("num_puzzle_identifiers", 1)
-    path = (rc["trainer_cfg"].get("data") or {}).get("path") or ""
+    data_cfg = rc["trainer_cfg"].get("data") or {}
+    path = data_cfg.get("path") or ""
     if tokens == "data" and os.path.isfile(os.path.join(path, "train", "dataset.json")):
         from data.puzzle_source import PuzzleTrainDataset
 
+        # as the trainer draws it (train/families/trm/task.py train_iterator)
         ds = PuzzleTrainDataset(path, global_batch_size=B, seed=seed, process_index=0,
-                                process_count=1)  # fmt: skip
+                                process_count=1,
+                                epochs_per_iter=int(data_cfg.get("eval_interval_epochs")
+                                                    or rc["trainer_cfg"]["trainer"].get("epochs")
+                                                    or 1))  # fmt: skip
         return ds.make_batch(0, 0), f"train split of {path} (the trainer's first batch)"
     if tokens == "data" and (S, V) == (81, 11):
         from data.sudoku_solver import solved_grids

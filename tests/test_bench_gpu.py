@@ -163,71 +163,71 @@ def _check_measured(by: dict) -> None:
     if by["a.pytest"]["status"] == "ok":
         assert by["a.pytest"]["result"]["counts"]["skipped"] >= 2  # the gpu tests, on a CPU
         assert "tests/test_gpt_attention_impl.py" in by["a.pytest"]["result"]["files"]
-    for key in ("a.trm_sudoku_tiny", "a.gpt_shakespeare_char_tiny"):
+    if by["b.data"]["status"] == "ok":
+        assert by["b.data"]["result"]["train"]["examples"] == 20 * 3  # 2 augmentations each
+    for key, overrides in gpu.TRAINER_VARIANTS.items():
         if by[key]["status"] == "ok":
             res = by[key]["result"]
-            assert res["steps"] == gpu.DRY_TINY_STEPS and res["first_step_s"] > 0, res
-            assert res["step_time_ms_median"] > 0 and "last_eval" in res
-    for key in ("b.trm_sudoku", "b.gpt2_124m"):
+            assert res["overrides"][2:] == list(overrides), res
+            assert res["trainer_s_per_step"] > 0 and res["bare_s_per_step"] > 0
+            assert res["trainer_over_bare"] == res["trainer_s_per_step"] / res["bare_s_per_step"]
+            assert "sudoku-extreme-1k" in res["batch_source"], res["batch_source"]
+    for key in ("b.trm_sudoku", "c.gpt2_124m"):
         if by[key]["status"] == "ok":
             impls = {row["impl"] for row in by[key]["result"]["table"] if "impl" in row}
             assert impls == {"jax", "torch_eager"}
-            assert by[key]["result"]["bench"]["results"][0]["config"] == gpu.DRY_BENCH[key]
-    for key in ("c.jax", "c.upstream"):
+            result = by[key]["result"]["bench"]["results"][0]
+            assert result["config"] == gpu.DRY_BENCH[key]
+            if key == "b.trm_sudoku":  # fed the Sudoku set b.data built, both sides
+                sources = {v["info"]["batch_source"] for v in result["impls"].values()}
+                assert len(sources) == 1 and "sudoku-extreme-1k" in sources.pop(), result
+    for key in ("e.jax_cold", "e.jax_warm"):
         if by[key]["status"] == "ok":  # stopped at its first evaluation under the target
             res = by[key]["result"]
             assert by[key]["ended"] == "stopped" and res["reached"]
             values = [e["value"] for e in res["evals"]]
             assert values[-1] <= gpu.DRY_TARGET_VAL_LOSS < min(values[:-1], default=99.0)
-    if by["d.data"]["status"] == "ok":
-        assert by["d.data"]["result"]["train"]["examples"] == 20 * 3  # 2 augmentations each
-        assert by["d.data"]["result"]["test"]["examples"] == 10
-    for key in ("d.jax", "d.upstream"):
-        if "steps_per_s" in by[key]["result"]:
-            assert by[key]["result"]["steps_per_s"] > 0 and by[key]["result"]["projected_h"] > 0
+    if "steps_per_s" in by["d.upstream"]["result"]:
+        assert by["d.upstream"]["result"]["steps_per_s"] > 0
+        assert by["d.upstream"]["result"]["projected_h"] > 0
 
 
-@pytest.mark.slow  # ~2 min of one worker: the whole dry run, to its budget
+@pytest.mark.slow  # ~2.5 min of one worker: the whole dry run, to its budget
 def test_dry_run_runs_every_part_within_the_budget(tmp_path):
     """The dry run as it is, within its budget: what does not fit is recorded, never lost."""
     assets, parts, wall = _dry_run(tmp_path)
     assert wall < gpu.DRY_BUDGET_S + 30
     by = {r["part"]: r for r in parts}
-    for key in ("c.upstream", "d.upstream"):  # no checkouts here: skipped, naming the file
-        assert by[key]["status"] == "skipped"
-        assert by[key]["reason"].startswith(f"missing {assets / 'upstream'}"), by[key]
-    assert by["a.env"]["status"] == "ok" and by["d.data"]["status"] == "ok"
+    # no checkouts here: skipped, naming the file (or out of time, on a busy machine)
+    if by["d.upstream"]["status"] == "skipped" and "no time" not in by["d.upstream"]["reason"]:
+        assert by["d.upstream"]["reason"].startswith(f"missing {assets / 'upstream'}")
+    assert by["a.env"]["status"] == "ok" and by["b.data"]["status"] == "ok"
     _check_measured(by)
 
 
 @pytest.mark.slow
 def test_dry_run_every_part_ends_ok_given_the_time(tmp_path):
     """Boxes large enough for a busy 2-core machine: every part ends ok with what it measured.
-    The upstream parts run when TRM_GOLDENS_NANOGPT_SRC, TRM_GOLDENS_TRM_SRC and
-    TRM_GOLDENS_ADAM_ATAN2_SRC name checkouts (and pretrain.py's imports are installed: the
-    goldens extra), else they are skipped, naming what is missing."""
-    names = {"nanoGPT": "NANOGPT", "TinyRecursiveModels": "TRM", "adam-atan2": "ADAM_ATAN2"}
+    The upstream part runs when TRM_GOLDENS_TRM_SRC and TRM_GOLDENS_ADAM_ATAN2_SRC name
+    checkouts (and pretrain.py's imports are installed: the goldens extra), else it is skipped,
+    naming what is missing. The warm run reaches its first step sooner than the cold one."""
+    names = {"TinyRecursiveModels": "TRM", "adam-atan2": "ADAM_ATAN2"}
     upstream = {
         n: os.environ[f"TRM_GOLDENS_{v}_SRC"]
         for n, v in names.items()
         if os.environ.get(f"TRM_GOLDENS_{v}_SRC")
     }
-    boxes = {"a.env": 60, "a.pytest": 120, "a.trm_sudoku_tiny": 240, "b.trm_sudoku": 300,
-             "a.gpt_shakespeare_char_tiny": 240, "b.gpt2_124m": 300, "c.jax": 240,
-             "c.upstream": 240, "d.data": 60, "d.jax": 120, "d.upstream": 120}  # fmt: skip
-    args = ["--budget-s", "2400", "--cap", "a=700", "--cap", "b=700", "--cap", "c=500"]
+    boxes = {key: 300 for key in gpu.DRY_BOXES} | {"a.env": 60, "b.data": 60, "d.upstream": 120}
+    args = ["--budget-s", "3000", "--cap", "a=700", "--cap", "b=1500"]
     args += [f"--box={k}={v}" for k, v in boxes.items()]
     _, parts, _ = _dry_run(tmp_path, *args, upstream=upstream)
     by = {r["part"]: r for r in parts}
     for r in parts:
-        if r["part"] in ("c.upstream", "d.upstream") and r["status"] == "skipped":
+        if r["part"] == "d.upstream" and r["status"] == "skipped":
             assert r["reason"].startswith("missing "), r
         else:
             assert r["status"] == "ok", r
-    assert by["c.jax"]["ended"] == "stopped"
-    assert "steps_per_s" in by["d.jax"]["result"]
-    # the trainer's own profile window (trainer.profile_start), summarised per op
-    profile = by["d.jax"]["result"]["profile"]
-    assert profile["steps"] == "6-8" and profile["top_ops"], profile
-    assert profile["op_ms_per_step"] > 0 and profile["span_ms_per_step"] > 0, profile
+    assert by["e.jax_warm"]["ended"] == "stopped"
+    cold, warm = (by[f"e.jax_{k}"]["result"]["first_step_s"] for k in ("cold", "warm"))
+    assert warm < cold, (cold, warm)
     _check_measured(by)

@@ -39,7 +39,9 @@ BLANK_FRACTION = 0.69  # Sudoku-Extreme's train split: 69% of the input cells ar
 def scatters(stablehlo: str) -> list[tuple[str, str]]:
     """(element type, combining op) of every stablehlo.scatter in a lowered module."""
     out = []
-    for m in re.finditer(r'"stablehlo\.scatter"\(.*?\n\s*\^bb0\(%\w+: tensor<(\w+)>.*?\n\s*(.*?)\n', stablehlo):
+    for m in re.finditer(
+        r'"stablehlo\.scatter"\(.*?\n\s*\^bb0\(%\w+: tensor<(\w+)>.*?\n\s*(.*?)\n', stablehlo
+    ):
         body = m.group(2)
         op = re.search(r"stablehlo\.(\w+)", body)
         out.append((m.group(1), op.group(1) if op else "set"))
