@@ -7,7 +7,8 @@ torch module with its Flax NNX port (docs/porting_your_model.md):
 - diff.py: `python -m parity diff TORCH_FACTORY NNX_FACTORY`;
 - steps.py: torch.optim and optax steps side by side;
 - goldens/module.py: goldens of any torch module, checked without torch;
-- compare.py, envelope.py: named bounds and the one-ulp envelope.
+- compare.py, envelope.py: named bounds and the one-ulp envelope;
+- machine.py: the kernels torch runs here, and whether they give a fixture's bits.
 
 The references and reports import torch; the toolkit modules import it only inside the functions
 that run torch, so checking a port against recorded goldens needs JAX alone. Nothing in models/,

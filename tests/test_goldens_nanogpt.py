@@ -36,6 +36,7 @@ from models.gpt import (
 )
 from models.gpt.train_step import lr_schedule
 from models.state_dict import COMPILE_PREFIX
+from parity import machine
 from parity.compare import EXACT, FLOAT32, FLOAT64, assert_all_close, assert_close
 from parity.envelope import Envelope
 from parity.goldens.common import load_npz
@@ -308,10 +309,10 @@ def test_fixtures_are_listed_small_and_pinned():
 @pytest.mark.slow
 def test_regenerating_reproduces_the_committed_fixtures(tmp_path):
     """Needs a karpathy/nanoGPT checkout: TRM_GOLDENS_NANOGPT_SRC=DIR (at the manifest's commit).
-    The same torch version and ATen CPU capability as the manifest: every array EXACT (the
-    generator runs torch on one thread: with more, float32 reductions split differently and the
-    bits change). Otherwise floats within FLOAT32 / FLOAT64 by dtype; integers (batches, tokens)
-    and names always EXACT."""
+    On the machine the manifest records (parity.machine: CPU, torch, ATen capability, MKL's code
+    path and mode, threads): every array EXACT (the generator runs torch on one thread: with more,
+    float32 reductions split differently and the bits change). Otherwise floats within FLOAT32 /
+    FLOAT64 by dtype; integers (batches, tokens) and names always EXACT."""
     src = os.environ.get("TRM_GOLDENS_NANOGPT_SRC")
     if not src:
         pytest.skip("set TRM_GOLDENS_NANOGPT_SRC to a karpathy/nanoGPT checkout")
@@ -320,8 +321,8 @@ def test_regenerating_reproduces_the_committed_fixtures(tmp_path):
 
     section = nanogpt.generate(Path(src), tmp_path)
     assert section["commit"] == MANIFEST["commit"], "check out the manifest's commit"
-    platform = ("torch", "numpy", "cpu_capability")
-    same = all(section[k] == MANIFEST[k] for k in platform[::2])
+    platform = ("torch", "numpy", "cpu_capability", "machine")
+    same = machine.same_kernels(MANIFEST.get("machine"))
     written = json.loads((tmp_path / "manifest.json").read_text())["nanogpt"]
     assert {k: v for k, v in written.items() if k not in platform} == {
         k: v for k, v in MANIFEST.items() if k not in platform

@@ -1,8 +1,9 @@
-"""The parity toolkit itself (parity/capture.py, keymap.py, check.py, diff.py, goldens/module.py):
-the key map's rules reproduce both hand-written converters of this repository, captures pair up
-on both sides (repeated calls, jit, methods) and leave no wrapper behind, the command's exit
-codes and one-line errors, and goldens of a torch module checked in a process where torch cannot
-be imported."""
+"""The parity toolkit itself (parity/capture.py, keymap.py, check.py, diff.py, goldens/module.py,
+machine.py): the key map's rules reproduce both hand-written converters of this repository,
+captures pair up on both sides (repeated calls, jit, methods) and leave no wrapper behind, the
+command's exit codes and one-line errors, goldens of a torch module checked in a process where
+torch cannot be imported, and the kernel identity that decides where a fixture's bits must be
+reproduced."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ torch = pytest.importorskip("torch")
 
 from models.state_dict import StateDictError  # noqa: E402
 from parity import diff as diff_cli  # noqa: E402
+from parity import machine  # noqa: E402
 from parity.capture import capture_nnx, capture_torch, nnx_hooks, prefix_rename  # noqa: E402
 from parity.check import compare_calls, format_report  # noqa: E402
 from parity.compare import EXACT, FLOAT32, FLOAT64, assert_close  # noqa: E402
@@ -344,6 +346,7 @@ def test_goldens_of_a_module_are_checked_without_torch(tmp_path):
     )  # fmt: skip
     manifest = json.loads((tmp_path / "manifest.json").read_text())["conv_bn"]
     assert manifest["threads"] == 1 and manifest["cpu_capability"] and manifest["torch"]
+    assert machine.same_kernels(manifest["machine"]), machine.difference(manifest["machine"])
     env = dict(os.environ, PYTHONPATH=REPO)
     run = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(_CHECK_WITHOUT_TORCH), str(tmp_path)],
@@ -357,6 +360,82 @@ def test_goldens_of_a_module_are_checked_without_torch(tmp_path):
     assert n_rows == 5 + 6 + 8 + 2 * (1 + 14)  # outputs, buffers, grads, 2 steps
     passed, first, _, table = out["flax"]
     assert not passed and first == "bn1", table
+
+
+# ------------------------------------------------------------------------------ the kernels
+
+
+def test_the_kernel_identity_names_the_first_field_that_differs():
+    """A manifest's "machine" read back is the same kernels; each kernel field changed alone is
+    named; a manifest without the record (or without a field) is never the same; a knob counts
+    through what it changes (MKL_ENABLE_INSTRUCTIONS: MKL's banner) unless nothing shows its
+    effect (ONEDNN_MAX_CPU_ISA, compared as set)."""
+    here = json.loads(json.dumps(machine.identity()))
+    assert machine.difference(here) is None and machine.same_kernels(here)
+    assert here["torch_threads"] == torch.get_num_threads()
+    for field in machine.KERNEL_FIELDS:
+        other = {**here, field: "other"}
+        assert machine.difference(other) == f"{field}: recorded 'other', here {here[field]!r}"
+        missing = {k: v for k, v in here.items() if k != field}
+        assert machine.difference(missing).startswith(f"{field}: recorded 'unknown'")
+    for old in (None, {}):
+        assert machine.difference(old).startswith("machine: not recorded")
+    env = here["env"]
+    assert machine.same_kernels({**here, "env": {**env, "MKL_ENABLE_INSTRUCTIONS": "AVX2"}})
+    onednn = {**here, "env": {**env, "ONEDNN_MAX_CPU_ISA": "AVX2"}}
+    assert machine.difference(onednn).startswith("env ONEDNN_MAX_CPU_ISA")
+
+
+def test_a_field_that_could_not_be_read_matches_nothing(monkeypatch):
+    here = machine.identity()
+    blind = {**machine._blas(), "mkl_code_path": machine.UNKNOWN}
+    monkeypatch.setattr(machine, "_blas", lambda: blind)
+    assert machine.difference({**here, **blind}).startswith("mkl_code_path")
+
+
+def test_mkl_verbose_gives_the_code_path_and_the_cnr_mode():
+    """MKL's banner names the code path it dispatched (the generic one on an AMD CPU, its own
+    AVX2 / AVX-512 kernels on an Intel one); the call line names the CNR mode (MKL_CBWR)."""
+    call = "MKL_VERBOSE DGEMM(N,N,4,4,4,0x1,0x2,4,0x2,4,0x3,0x4,4) 5.12us CNR:{} Dyn:1 TID:0 NThr:1"
+    amd = (
+        "MKL_VERBOSE oneMKL 2024.0 Update 2 Product build 20240605 for Intel(R) 64 architecture "
+        "Intel(R) Architecture processors, Lnx 2.60GHz lp64 gnu_thread"
+    )
+    avx2 = (
+        "MKL_VERBOSE Intel(R) MKL 2019.0 Update 2 Product build 20190118 for Intel(R) 64 "
+        "architecture Intel(R) Advanced Vector Extensions 2 (Intel(R) AVX2) enabled processors, "
+        "Lnx 2.40GHz intel_thread"
+    )
+    avx512 = (  # an AVX-512 code path has commas of its own
+        "MKL_VERBOSE oneMKL 2024.0 Product build 20231011 for Intel(R) 64 architecture Intel(R) "
+        "Advanced Vector Extensions 512 (Intel(R) AVX-512) with support of Intel(R) Deep Learning "
+        "Boost (Intel(R) DL Boost), EVEX-encoded AES and Carry-Less Multiplication Quadword "
+        "instructions, Lnx 2.00GHz lp64 gnu_thread"
+    )
+    parse = machine.parse_mkl_verbose
+    assert parse(f"{amd}\n{call.format('OFF')}\n") == {
+        "mkl_code_path": "Intel(R) Architecture processors",
+        "mkl_cnr": "OFF",
+    }
+    assert parse(f"{avx2}\n{call.format('COMPATIBLE')}") == {
+        "mkl_code_path": "Intel(R) Advanced Vector Extensions 2 (Intel(R) AVX2) enabled processors",
+        "mkl_cnr": "COMPATIBLE",
+    }
+    assert parse(avx512)["mkl_code_path"].endswith(
+        "Carry-Less Multiplication Quadword instructions"
+    )
+    assert parse(call.format("AUTO")) == {"mkl_code_path": "unknown", "mkl_cnr": "AUTO"}
+
+
+def test_the_mkl_probe_runs_once_per_process(monkeypatch):
+    first = machine.identity()
+
+    def probe_again():
+        raise AssertionError("MKL probed twice")
+
+    monkeypatch.setattr(machine, "_mkl_verbose_in_process", probe_again)
+    monkeypatch.setattr(machine, "_mkl_verbose_in_subprocess", probe_again)
+    assert machine.identity() == first
 
 
 def test_record_refuses_an_argument_it_cannot_store(tmp_path):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from parity import machine
 from parity.capture import Call, capture_nnx
 from parity.check import Report, compare_calls, compare_named
 from parity.compare import FLOAT32, FLOAT64, Tolerance
@@ -64,6 +65,7 @@ def record(
     try:
         torch_module.train(train)
         weights = {k: v.detach().clone() for k, v in torch_module.state_dict().items()}
+        here = machine.identity()
         cap, history, env = _run_reference(
             torch_module, args, optimizer, steps, seed, envelope_seeds
         )
@@ -85,6 +87,7 @@ def record(
         "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "threads": 1,
+        "machine": here,  # the kernels: the same ones give the same bits (parity/machine.py)
         "seed": seed,
         "dtype": str(next(torch_module.parameters()).dtype).removeprefix("torch."),
         "train": train,

@@ -49,6 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
+from parity import machine
 from parity.envelope import move, perturb_one_ulp_
 from parity.goldens.common import git_commit, save_npz, upstream_on_path, write_manifest
 
@@ -424,6 +425,7 @@ def generate(src: Path, out: Path) -> dict:
     # a LayerNorm weight gradient 1.4e-7 of scale apart). One thread, whatever the machine.
     torch.set_num_threads(1)
     try:
+        here = machine.identity()
         files, lr_settings = _generate_all(src, out)
     finally:
         torch.set_num_threads(threads)
@@ -432,10 +434,11 @@ def generate(src: Path, out: Path) -> dict:
         "commit": git_commit(src),
         "torch": torch.__version__,
         "numpy": np.__version__,
-        # ATen picks its vector kernels by CPU: float bits are reproducible on the same torch,
-        # thread count and capability; elsewhere within float round-off
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch_threads": 1,
+        # float bits are reproducible on the same kernels (CPU, torch, ATen, MKL's code path,
+        # threads: parity/machine.py); elsewhere within float round-off
+        "machine": here,
         "stand_ins": {},
         "stand_ins_why": "none needed: model.py and train.py (device='cpu') run on a CPU as is",
         "forward": {

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from parity import machine
 from parity.envelope import move
 from parity.goldens import trm_data
 from parity.goldens.common import git_commit, save_npz, upstream_on_path, write_manifest
@@ -410,7 +411,7 @@ def generate(src: Path, out: Path) -> dict:
         "upstream": "SamsungSAILMontreal/TinyRecursiveModels",
         "commit": git_commit(src),
         "torch": torch.__version__,
-        # ATen picks float32 vector kernels by CPU; a run with the same ones is bit-identical
+        # ATen's label alone does not name the kernels: "machine" below does (parity/machine.py)
         "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch_threads": 1,
         "numpy": np.__version__,
@@ -428,6 +429,7 @@ def generate(src: Path, out: Path) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the tests (tests/conftest.py): reduction order depends on it
     try:
+        section["machine"] = machine.identity()  # a run with the same kernels is bit-identical
         with upstream(src) as imp:
             for variant in VARIANTS:
                 section["variants"][variant] = generate_variant(imp, variant, out)

@@ -59,6 +59,7 @@ from pathlib import Path
 
 import numpy as np
 
+from parity import machine
 from parity.envelope import move
 from parity.goldens.common import git_commit, save_npz, write_manifest
 from parity.goldens.trm import perturb_f32_ulp, recorded_draws
@@ -374,6 +375,7 @@ def generate(trm_src: Path, adam_src: Path, out: Path) -> dict:
     old_wandb = os.environ.get("WANDB_MODE")
     os.environ["WANDB_MODE"] = "disabled"
     try:
+        section["machine"] = machine.identity()  # a run with the same kernels is bit-identical
         with tempfile.TemporaryDirectory() as tmp:
             os.chdir(tmp)  # relative data and checkpoint paths: all_config.yaml is the same bytes
             section["data_files"] = build_data(Path(tmp))
