@@ -2,7 +2,7 @@
 
     python -m bench.profile --trace RUN_DIR/profile --steps 3    # a trainer run's own steps
     python -m bench.profile trm_sudoku_tiny [--threads 1] [--steps 3] [--top 25] \
-        [--trace-dir DIR] [--hlo FILE] [--jax-model K=V ...] [--data K=V ...]
+        [--trace-dir DIR] [--hlo FILE] [--jax-model K=V ...] [--data K=V ...] [--data-path DIR]
 
 Runs the trainer's real step (the same `bench.runners.JaxRunner` the benchmark times), warms it
 up, traces `--steps` steps with `jax.profiler`, and prints the op time per step grouped by XLA
@@ -110,6 +110,13 @@ def main(argv=None):
         "num_puzzle_identifiers=1001001 is the puzzle table of Sudoku-Extreme 1k x 1000 "
         "augmentations (the bench configs have 1 row), and the batch's ids then span it",
     )
+    p.add_argument(
+        "--data-path",
+        default=None,
+        metavar="DIR",
+        help="the data set the batch comes from (default: the experiment's data.path; without "
+        "one on disk, a generator with its token statistics: bench.runners.make_batch)",
+    )
     args = p.parse_args(argv)
     if args.trace:
         found = sorted(glob.glob(f"{args.trace}/**/*.trace.json.gz", recursive=True))
@@ -130,7 +137,11 @@ def main(argv=None):
     from bench import configs, runners
     from bench.harness import _parse_overrides
 
-    rc = configs.resolve(configs.get(args.config), jax_overrides=_parse_overrides(args.jax_model))
+    rc = configs.resolve(
+        configs.get(args.config),
+        jax_overrides=_parse_overrides(args.jax_model),
+        data_path=args.data_path,
+    )
     for key, value in _parse_overrides(args.data).items():
         rc["trainer_cfg"]["data"][key] = value
         rc["model"][key] = value  # runners.make_batch draws the puzzle ids from it
@@ -150,7 +161,8 @@ def main(argv=None):
         trace,
         args.steps,
         args.top,
-        f"{args.config}: {seconds / args.steps * 1e3:.1f} ms per step (traced)",
+        f"{args.config}: {seconds / args.steps * 1e3:.1f} ms per step (traced; batch from "
+        f"{runner.batch_source})",
     )
 
 

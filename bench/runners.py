@@ -14,7 +14,8 @@
   (SignSGD on the puzzle rows, then AdamATan2, then the EMA). `torch_compile` wraps the model
   in torch.compile, as nanoGPT's train.py and upstream's pretrain.py do (optimiser stays eager).
 
-Both sides draw the batch from the same numpy generator and seed, so they see identical inputs.
+Every side steps on the same batch from `make_batch`: the data set's own (or one with its token
+statistics), so the benchmark sees what the trainer sees.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """JAX-only A/B of step variants in ONE process, interleaved: compile time and step time.
 
     python -m bench.variants trm_sudoku_tiny --variant scan=true --variant remat=true \
-        --variant scan=true,remat=true [--steps 10] [--threads N]
+        --variant scan=true,remat=true [--steps 10] [--threads N] [--data-path DIR]
 
 Each variant is the trainer's real step (train.families.make_task + jit_train_step) built from the
-same resolved config with some model fields changed (TRMConfig `scan`, `remat`, ...). The first
+same resolved config with some fields changed (TRMConfig `scan`, `remat`, ...; `optim.NAME` for an
+optimiser field), stepping on the same batch (bench.runners.make_batch). The first
 call of each is timed (trace + compile + one step, and `lower`/`compile` separately); then the
 variants run one step each in turn, `--steps` times, and the median and IQR of each are printed,
 with its ratio to the baseline taken step by step. Used for the findings in docs/benchmarks.md.
@@ -42,6 +43,9 @@ def main(argv=None):
         help="override the global batch (real model sizes on CPU)",
     )
     p.add_argument("--out", default=None, help="write the result JSON here")
+    p.add_argument(
+        "--data-path", default=None, metavar="DIR", help="the data set the batch comes from"
+    )
     args = p.parse_args(argv)
 
     from bench.worker import prepare_env
@@ -66,7 +70,7 @@ def main(argv=None):
     variants = [{}] + [_parse(v) for v in args.variant]
     built = []
     for ov in variants:
-        rc = configs.resolve(cfg, jax_overrides=ov)
+        rc = configs.resolve(cfg, jax_overrides=ov, data_path=args.data_path)
         tcfg = OmegaConf.create(rc["trainer_cfg"])
         enable_x64_if_needed(tcfg)
         mesh = mesh_lib.make_mesh(tcfg.mesh)

@@ -242,3 +242,40 @@ def test_jax_model_override_values():
     }
     with pytest.raises(SystemExit, match="key=value"):
         harness._parse_overrides(["attention_impl"])
+
+
+def test_trm_bench_batches_are_the_data_sets(tmp_path):
+    """bench.runners.make_batch: with the data set on disk, the trainer's own first batch; without
+    it, solved Sudoku grids with the data set's share of blanks; uniform ids only when asked for
+    (docs/benchmarks.md, "A benchmark fed uniform tokens hides a contended scatter")."""
+    import numpy as np
+
+    from bench import runners
+    from data.sudoku_easy import build_easy_sudoku
+    from train.compose import load_config
+    from train.families import make_task
+    from train.mesh import make_mesh
+
+    rc = bench_configs.resolve(bench_configs.get("trm_sudoku"))
+    batch, source = runners.make_batch(rc, 0)
+    assert "generated Sudoku grids" in source, source
+    blank = (batch["inputs"] == 1).mean()
+    assert abs(blank - runners.SUDOKU_EXTREME_BLANKS) < 0.01, blank
+    digits = batch["labels"] - 1  # every label row a solved grid: each row of the grid 1..9
+    assert (np.sort(digits.reshape(-1, 9, 9), axis=-1) == np.arange(1, 10)).all()
+    given = batch["inputs"] != 1
+    assert (batch["inputs"][given] == batch["labels"][given]).all()
+    uniform, source = runners.make_batch(rc, 0, "uniform")
+    assert source == "uniform tokens" and (uniform["inputs"] == 1).mean() < 0.15
+
+    data = tmp_path / "sudoku"
+    build_easy_sudoku(str(data), train=40, test=4, blanks=30, num_aug=2)
+    tiny = bench_configs.resolve(bench_configs.get("trm_sudoku_tiny"), data_path=str(data))
+    batch, source = runners.make_batch(tiny, 0)
+    assert source.startswith(f"train split of {data}"), source
+    cfg = load_config(["+experiment=trm_sudoku_tiny", f"data.path={data}", "run.seed=0",
+                       "optim.loss_dtype=float32"])  # fmt: skip
+    first = next(make_task(cfg, make_mesh(cfg.mesh)).train_iterator())
+    assert set(first) == set(batch)
+    for k, v in first.items():
+        np.testing.assert_array_equal(batch[k], v, err_msg=k)

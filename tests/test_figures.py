@@ -11,8 +11,9 @@ is checked here against the place that holds it.
   above tests/test_reproductions.py's bound state the same values.
 - Test-time scaling: the source is bench/results/ttsc/<name>.json (written by `python -m bench
   ttsc`); docs/evaluation.md's table, the README rows and the reproduction's bound state it.
-- The H100 session: the source is bench/results/h100/results.jsonl (written by `python -m bench
-  gpu`); docs/benchmarks.md's GPU table and the README rows state its figures.
+- The GPU sessions: the sources are bench/results/<device>/results.jsonl (written by `python -m
+  bench gpu`); docs/benchmarks.md's table of each session states its figures, and the README rows
+  the latest session's (H200).
 
 A rerun of a measurement changes its source; this test then names every place still stating the
 old value.
@@ -186,10 +187,14 @@ def test_test_time_scaling_figures_are_the_bench_results():
             )
 
 
-def _h100_parts() -> dict:
-    with open(os.path.join(REPO, "bench", "results", "h100", "results.jsonl")) as f:
+def _gpu_parts(device: str, name: str = "results.jsonl") -> dict:
+    with open(os.path.join(REPO, "bench", "results", device, name)) as f:
         records = [json.loads(line) for line in f]
     return {r["part"]: r for r in records if r.get("kind") == "part"}
+
+
+def _h100_parts() -> dict:
+    return _gpu_parts("h100")
 
 
 def test_gpu_figures_are_the_h100_session():
@@ -214,9 +219,86 @@ def test_gpu_figures_are_the_h100_session():
     ):
         assert figure in gpu, figure
     assert trm["torch_compile"]["status"] == "error" and "not measured" in gpu
-    assert f"{eager_ms / jax_ms:.2f}x" in _readme_row("trm_sudoku")
 
     gpt, gpt_ratios = rows("b.gpt2_124m")
+    for impl in ("jax", "torch_eager", "torch_compile"):
+        ms, mfu = gpt[impl]["step_ms_median"], gpt[impl]["mfu"]
+        assert f"{ms:.1f} ms" in gpu and f"{100 * mfu:.1f}%" in gpu, impl
+    for ratio in ("jax/torch_eager", "jax/torch_compile"):
+        assert f"{gpt_ratios[ratio]['median']:.3f}" in gpu, ratio
+
+    for part, digits in (("c.jax", 4), ("c.upstream", 4)):
+        best = parts[part]["result"]["best"]
+        assert f"{best['value']:.{digits}f} at step {best['step']}" in gpu, part
+        assert f"{best['t']:.1f} s" in gpu, part
+    best = parts["c.upstream"]["result"]["best"]  # the README's comparison with nanoGPT's own
+    assert f"{best['value']:.3f} at step {best['step']} in {round(best['t'])} s" in _readme_row(
+        "gpt_shakespeare_char"
+    )
+
+    d = parts["d.jax"]["result"]
+    assert f"{d['step_time_ms_median'] / 1e3:.2f} s per step" in gpu
+    assert f"~{round(d['projected_h_from_step_time'])} h" in gpu
+
+
+def _bench_rows(part: dict) -> tuple[dict, dict]:
+    table = part["result"]["table"]
+    return {r["impl"]: r for r in table if "impl" in r}, {
+        r["ratio"]: r for r in table if "ratio" in r
+    }
+
+
+def test_gpu_figures_are_the_h200_session():
+    parts = _gpu_parts("h200")
+    parts.update(_gpu_parts("h200", "results_second_call.jsonl"))
+    bench_md = _read("docs/benchmarks.md")
+    gpu = bench_md[bench_md.index("## GPU: one H200 session") :]
+    gpu = gpu[: gpu.index("## GPU: one H100 session")]
+
+    t = parts["b.trainer"]["result"]
+    for figure in (
+        f"`trainer_over_bare` {t['trainer_over_bare']:.3f}",
+        f"trainer {1e3 * t['trainer_s_per_step']:.1f} ms per step, bare "
+        f"{1e3 * t['bare_s_per_step']:.1f} ms",
+        f"**~{t['projected_h']:.1f} h** ({t['projected_h']:.2f} h at the trainer's "
+        f"{1e3 * t['trainer_s_per_step']:.1f} ms per step",
+    ):
+        assert figure in gpu, figure
+    row = _readme_row("trm_sudoku")
+    assert f"{1e3 * t['trainer_s_per_step']:.1f} ms per step (~{t['projected_h']:.1f} h)" in row
+    old = parts["b.trainer_scatter_bf16"]["result"]
+    assert (
+        f"trainer {1e3 * old['trainer_s_per_step']:.1f} ms per step, bare\n"
+        f"{1e3 * old['bare_s_per_step']:.1f} ms, `trainer_over_bare` {old['trainer_over_bare']:.3f}"
+    ) in gpu
+    blank = t["first_batch_token_counts"]["1"] / sum(t["first_batch_token_counts"].values())
+    assert f"{100 * blank:.1f}% of the 62,208" in gpu
+    for part, name in (("c.trainer_scatter_f32", "scatter_f32"), ("c.trainer_sparse", "sparse")):
+        ms = 1e3 * parts[part]["result"]["trainer_s_per_step"]
+        assert f"{name}` {ms:.1f} ms" in gpu, part
+
+    trm, ratios = _bench_rows(parts["b.trm_sudoku"])
+    jax_ms, eager_ms, comp_ms = (
+        trm[k]["step_ms_median"] for k in ("jax", "torch_eager", "torch_compile")
+    )
+    paired, vs_compile = ratios["jax/torch_eager"], ratios["jax/torch_compile"]
+    for figure in (
+        f"**met**: {eager_ms / jax_ms:.2f}x. JAX {jax_ms:.1f} ms per step ({100 * trm['jax']['mfu']:.1f}% MFU)",
+        f"torch eager {eager_ms:.1f} ms ({100 * trm['torch_eager']['mfu']:.1f}%)",
+        f"paired {paired['median']:.3f} [IQR {paired['q1']:.3f}-{paired['q3']:.3f}]",
+        f"torch.compile {comp_ms:.1f} ms ({100 * trm['torch_compile']['mfu']:.1f}%)",
+        f"JAX/torch.compile {vs_compile['median']:.3f} [IQR {vs_compile['q1']:.3f}-{vs_compile['q3']:.3f}]",
+    ):
+        assert figure in gpu, figure
+    assert f"{eager_ms / jax_ms:.2f}x torch eager" in row
+    assert f"torch.compile {vs_compile['median']:.2f}x faster" in row
+
+    up = parts["d.upstream"]["result"]
+    assert f"{up['steps_per_s']:.2f} steps per second over\n{up['measured_steps']} steps" in gpu
+    assert f"**~{up['projected_h']:.1f} h**" in gpu and f"~{up['projected_h']:.1f} h" in row
+    assert f"{up['projected_h'] / t['projected_h']:.1f}x faster" in gpu
+
+    gpt, gpt_ratios = _bench_rows(parts["c.gpt2_124m"])
     for impl in ("jax", "torch_eager", "torch_compile"):
         ms, mfu = gpt[impl]["step_ms_median"], gpt[impl]["mfu"]
         assert f"{ms:.1f} ms" in gpu and f"{100 * mfu:.1f}%" in gpu, impl
@@ -226,14 +308,19 @@ def test_gpu_figures_are_the_h100_session():
         assert f"{gpt_ratios[ratio]['median']:.3f}" in gpu, ratio
 
     row = _readme_row("gpt_shakespeare_char")
-    for part, digits in (("c.jax", 4), ("c.upstream", 4)):
-        best = parts[part]["result"]["best"]
-        assert f"{best['value']:.{digits}f} at step {best['step']}" in gpu, part
-        assert f"{best['value']:.3f} at step {best['step']}" in row, part
-        assert f"{best['t']:.1f} s" in gpu, part
-        assert f"{round(best['t'])} s" in row, part
-
-    d = parts["d.jax"]["result"]
-    assert f"{d['step_time_ms_median'] / 1e3:.2f} s per step" in gpu
-    assert f"{d['step_time_ms_median'] / 1e3:.2f} s per step" in _readme_row("trm_sudoku")
-    assert f"~{round(d['projected_h_from_step_time'])} h" in gpu
+    cold, warm = parts["e.jax_cold"]["result"], parts["e.jax_warm"]["result"]
+    assert (
+        f"{warm['best']['value']:.4f} at step {warm['best']['step']}, {warm['best']['t']:.1f} s"
+        in gpu
+    )
+    assert f"(first step at {warm['first_step_s']:.1f} s)" in gpu
+    assert (
+        f"{cold['best']['value']:.4f} at step {cold['best']['step']} in {cold['best']['t']:.1f} s"
+        in gpu
+    )
+    assert f"(first step at {cold['first_step_s']:.1f} s)" in gpu
+    assert (
+        f"{cold['best']['value']:.3f} at step {cold['best']['step']}, {round(cold['best']['t'])} s"
+        in row
+    )
+    assert f"{round(warm['best']['t'])} s with a warm compilation cache" in row
