@@ -63,7 +63,11 @@ def _lowered_trm_sudoku_step(*overrides: str) -> str:
 
 
 def test_the_real_trm_sudoku_step_holds_no_scatter():
-    assert scatters(_lowered_trm_sudoku_step()) == []
+    """...and no conditional: a step past total_steps is masked out, not branched around
+    (models/trm/train_step.py), so XLA:TPU's cost model can predict the step (train/aot.py)."""
+    lowered = _lowered_trm_sudoku_step()
+    assert scatters(lowered) == []
+    assert "stablehlo.case" not in lowered and "stablehlo.if" not in lowered
     old = scatters(
         _lowered_trm_sudoku_step("model.embed_grad=scatter_bf16", "optim.table_update=sparse")
     )

@@ -198,8 +198,8 @@ def train_step(
         if delta_grad is not None:
             metrics["puzzle_emb_grad_norm"] = optax.tree.norm(delta_grad)
 
-        # SignSGD runs after the cond (below): a table passed through a cond's branches is copied
-        # whole, twice per step; its inputs leave the branch instead
+        # SignSGD runs after the mask (below) on these inputs: a table passed through a cond's
+        # branches, or through the mask, would be copied whole every step
         # (docs/porting_trm_training.md, "The puzzle table stays out of the cond").
         table_inputs = None
         if table is not None:
@@ -213,14 +213,22 @@ def train_step(
             params = optax.apply_updates(params, updates)
         return params, table_inputs, rest, opt_state, new_carry, metrics
 
-    def skip(_):
-        shapes = jax.eval_shape(update, None)
-        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (shapes[1], shapes[-1]))
-        return state.params, zeros[0], state.rest, state.opt_state, carry, zeros[1]
-
+    # A step past total_steps changes nothing but the EMA (and the step counter). Upstream skips
+    # the update with an `if`; here the update is computed and its result masked out
+    # (jnp.where picks the old bits exactly), so the program holds no conditional: XLA:TPU's
+    # cost model then predicts the step (train/aot.py), which it cannot for a cond's branches.
+    # Only steps past the schedule compute in vain (Sudoku: none; the loader drops the last
+    # partial batch of each iteration, 65,100 steps run of 65,104 scheduled).
     skipped = step > config.total_steps
-    params, table_inputs, rest, opt_state, new_carry, metrics = jax.lax.cond(
-        skipped, skip, update, None
+    params, table_inputs, rest, opt_state, new_carry, metrics = update(None)
+    keep = (state.params, state.rest, state.opt_state, carry)
+    params, rest, opt_state, new_carry = jax.tree.map(
+        lambda old, new: jnp.where(skipped, old, new),
+        keep,
+        (params, rest, opt_state, new_carry),
+    )
+    table_inputs, metrics = jax.tree.map(
+        lambda x: jnp.where(skipped, jnp.zeros_like(x), x), (table_inputs, metrics)
     )
     new_table = state.table
     if table is not None:  # SignSGD first (upstream's optimizer order); a skipped step keeps it
