@@ -821,7 +821,7 @@ def _parse_boxes(items: list[str]) -> dict:
         k, sep, v = item.partition("=")
         if not sep:
             raise SystemExit(
-                f"bench gpu: expected NAME=SECONDS (--box c.jax=60, --cap c=200), got {item!r}"
+                f"bench gpu: expected NAME=SECONDS (--box e.jax_cold=60, --cap b=200), got {item!r}"
             )
         out[k] = float(v)
     return out

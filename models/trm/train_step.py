@@ -185,7 +185,7 @@ def train_step(
         rest = nnx.state(model, nnx.Not(nnx.Any(nnx.Param, PuzzleTable)))
         return loss / config.global_batch_size, (new_carry, metrics, rest)
 
-    def update(_):
+    def update():
         delta = None
         if table is not None:
             delta = jnp.zeros((batch_rows, table.shape[-1]), table.dtype)
@@ -220,7 +220,7 @@ def train_step(
     # Only steps past the schedule compute in vain (Sudoku: none; the loader drops the last
     # partial batch of each iteration, 65,100 steps run of 65,104 scheduled).
     skipped = step > config.total_steps
-    params, table_inputs, rest, opt_state, new_carry, metrics = update(None)
+    params, table_inputs, rest, opt_state, new_carry, metrics = update()
     keep = (state.params, state.rest, state.opt_state, carry)
     params, rest, opt_state, new_carry = jax.tree.map(
         lambda old, new: jnp.where(skipped, old, new),
