@@ -115,7 +115,7 @@ def test_prediction_is_the_compilers_time_only_where_it_covers_the_step():
     # analytic 64e12 over 32 devices at 1e15/s = 2 ms: MFU 2 / 5
     assert r.predicted_mfu == pytest.approx(0.4)
     assert "PREDICTED step 5 ms (compiler), MFU 40.0%" in aot.format_report(r)
-    # trm_sudoku's shape: below the FLOP floor, so the roofline of XLA's counts instead
+    # the shape trm_sudoku's step had under a conditional: below the FLOP floor, so the roofline
     r = _report(cost(-3.9998, untimed=4))
     assert not r.compiler_time_usable and r.prediction_source == "roofline"
     assert r.predicted_step_seconds == pytest.approx(0.004)
@@ -478,8 +478,8 @@ def test_tpu_cost_analysis_loops_conditionals_and_untimed_ops():
 def test_aot_v4_64_production_experiments_fit_with_the_plain_command(tmp_path, experiment):
     """`python -m train.aot +experiment=NAME mesh=v4-64`, no other override: the defaults are the
     recommended ones (docs/sharding.md, "Defaults on a v4-64"): params replicated, so no
-    gathers, and it fits a v4 chip. TRM's step runs under lax.cond, so its prediction is the
-    roofline; GPT-2's program has no loop or conditional, so it is the compiler's time."""
+    gathers, and it fits a v4 chip. No program has a loop or a conditional (TRM masks the steps
+    past total_steps), so the prediction is the compiler's time for every one."""
     out = tmp_path / "r.json"
     proc = _run_aot(f"+experiment={experiment}", "mesh=v4-64", f"--json={out}", timeout=3000)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -488,9 +488,8 @@ def test_aot_v4_64_production_experiments_fit_with_the_plain_command(tmp_path, e
     assert report["memory"]["total"] < 32 * 2**30
     assert report["collectives"]["all-gather"] == report["collectives"]["collective-permute"] == 0
     assert report["loops"] == 0
-    gpt = experiment.startswith("gpt")
-    assert report["conditionals"] == (0 if gpt else 1)
-    assert report["prediction_source"] == ("compiler" if gpt else "roofline")
+    assert report["conditionals"] == 0
+    assert report["prediction_source"] == "compiler"
     assert 0 < report["predicted_mfu"] < 1
 
 
