@@ -14,6 +14,15 @@ from pathlib import Path
 from tqdm import tqdm
 
 
+class DownloadError(RuntimeError):
+    """A download that failed: the URL, why, and what a command-line user passes instead (a
+    caller with other options, the trainer's `data.*` keys say, names its own)."""
+
+    def __init__(self, url: str, reason: str, offline_hint: str):
+        super().__init__(f"could not download {url} ({reason}); offline? {offline_hint}")
+        self.url, self.reason = url, reason
+
+
 def fetch(
     url: str,
     dest: str | os.PathLike,
@@ -22,7 +31,8 @@ def fetch(
     progress: bool = True,
     timeout: float = 120,
 ) -> Path:
-    """Download `url` to `dest` atomically; RuntimeError naming the URL and `offline_hint` on failure."""
+    """Download `url` to `dest` atomically; DownloadError naming the URL and `offline_hint` on
+    failure."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.part-{os.getpid()}")
@@ -37,6 +47,6 @@ def fetch(
                     bar.update(len(chunk))
     except (urllib.error.URLError, OSError) as e:
         tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"could not download {url} ({e}); offline? {offline_hint}") from e
+        raise DownloadError(url, str(e), offline_hint) from e
     os.replace(tmp, dest)
     return dest

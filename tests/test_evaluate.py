@@ -436,3 +436,19 @@ def test_trajectory_options_fail_in_one_line(run):
     }
     for argv, expected in cases.items():
         assert expected in _one_line_error(None, [run_dir, *argv]), argv
+
+
+def test_export_without_torch_is_one_line_naming_the_extra(tmp_path, monkeypatch):
+    """The demo's environment has no torch: `train.export` says which extra to install, in one
+    line, before it opens anything (torch emulated absent: an import of it raises)."""
+    import sys
+
+    from train.export import main
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(SystemExit) as e:  # sys.exit(message): status 1, the message on stderr
+        main([str(tmp_path / "run"), "--out", str(tmp_path / "x.pt")])
+    line = str(e.value.code)
+    assert line.startswith("error: ") and "\n" not in line, line
+    assert "pip install -e '.[parity]'" in line, line
+    assert not (tmp_path / "x.pt").exists()

@@ -368,3 +368,21 @@ def test_trm_run_ended_by_its_data_rerun_keeps_final_json(sudoku_dir, tmp_path, 
     assert again["step"] == 4 and open(final_path).read() == final
     assert "already finished at step 4 (final.json kept)" in caplog.text, caplog.text
     assert "run directory" in caplog.text  # the loop ran (4 < 5): not the early return
+
+
+def test_text_data_offline_is_one_line_naming_the_trainers_key(tmp_path, monkeypatch):
+    """A GPT run whose data set is not built and whose download fails (offline): one ConfigError
+    naming the trainer's key `data.input=`, not the builder's command-line flag `--input`."""
+    import urllib.error
+    import urllib.request
+
+    from train.families.gpt.data import prepare_data
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("no network")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    path = str(tmp_path / "shakespeare_char")
+    with pytest.raises(ConfigError, match=r"data\.input=path/to/input\.txt") as e:
+        prepare_data({"path": path, "build": "shakespeare_char", "input": ""})
+    assert "--input" not in str(e.value) and "\n" not in str(e.value)

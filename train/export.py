@@ -23,8 +23,13 @@ from train.source import open_source
 
 def export(source: str, out: str, step: int | None = None) -> str:
     """Writes the checkpoint in the original code base's format (Task.torch_checkpoint)."""
-    import torch  # lazy: only this command needs torch (the trainer never imports it)
-
+    try:
+        import torch  # lazy: only this command needs torch (the trainer never imports it)
+    except ImportError as e:
+        raise ConfigError(
+            "train.export writes a PyTorch checkpoint and needs torch, which this environment "
+            "lacks: pip install -e '.[parity]' (or pip install torch)"
+        ) from e
     src = open_source(source, step=step)
     # a run's checkpoint meta has step and best; a nanoGPT ckpt.pt has iter_num and best_val_loss
     meta = {"step": src.step or 0, "best": src.meta.get("best_val_loss"), **src.meta}

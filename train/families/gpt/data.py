@@ -15,6 +15,7 @@ import os
 
 import numpy as np
 
+from data.download import DownloadError
 from data.shakespeare_char import build as build_shakespeare_char
 from data.text_source import read_meta, read_token_bin, train_dataset
 from train.errors import ConfigError
@@ -58,10 +59,17 @@ def prepare_data(d: dict) -> dict:
                 f"data.path={path!r} has no train.bin; build it first (python -m data.<name>)"
             )
         log.info("building %s into %s", builder, path)
-        build_once(
-            "gpt_data_built",
-            lambda: build_shakespeare_char(path, input_path=d.get("input") or None),
-        )
+        try:
+            build_once(
+                "gpt_data_built",
+                lambda: build_shakespeare_char(path, input_path=d.get("input") or None),
+            )
+        except DownloadError as e:  # the builder's own hint names its CLI flag, not our key
+            raise ConfigError(
+                f"data.path={path!r} holds no train.bin, and building it could not download "
+                f"{e.url} ({e.reason}); offline? set data.input=path/to/input.txt "
+                "(tiny-shakespeare's input.txt)"
+            ) from e
     try:
         return read_meta(path)
     except FileNotFoundError:
