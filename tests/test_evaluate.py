@@ -431,8 +431,16 @@ def test_trajectory_options_fail_in_one_line(run):
         ("--select", "vote"): "--select: only with --trajectories K",
         ("--trajectories", "0"): "--trajectories 0: expected >= 1",
         ("--trajectories", "2", "--noise", "-1"): "--noise -1.0: expected a standard deviation",
-        ("--trajectories", "2", "--show", "1"): "--show draws the plain recursion",
-        ("--trajectories", "2", "--noise-latents", "z_Q"): "'z_Q' is not a latent of arch trm",
+        ("--trajectories", "2", "--noise", "1", "--show", "1"): "--show draws the plain recursion",
+        ("--trajectories", "2"): "--trajectories 2 without noise runs 2 identical copies",
+        (
+            "--trajectories",
+            "2",
+            "--noise",
+            "1",
+            "--noise-latents",
+            "z_Q",
+        ): "'z_Q' is not a latent of arch trm",
     }
     for argv, expected in cases.items():
         assert expected in _one_line_error(None, [run_dir, *argv]), argv
@@ -452,3 +460,14 @@ def test_export_without_torch_is_one_line_naming_the_extra(tmp_path, monkeypatch
     assert line.startswith("error: ") and "\n" not in line, line
     assert "pip install -e '.[parity]'" in line, line
     assert not (tmp_path / "x.pt").exists()
+
+
+@pytest.mark.parametrize("noise", [None, 0.0])
+def test_trajectories_without_noise_are_refused_in_one_line(noise):
+    """K > 1 trajectories with no noise would be K copies of the same run: refused before any
+    compute, naming the missing option (K = 1 with noise 0 stays the plain evaluation's twin)."""
+    from train.families.trm.evaluate import _scaling
+
+    with pytest.raises(ConfigError, match=r"--trajectories 8 without noise .* add --noise SIGMA"):
+        _scaling(8, noise, None, None, None, 0)
+    assert _scaling(1, 0.0, None, None, None, 0)["trajectories"] == 1

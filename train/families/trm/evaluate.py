@@ -149,6 +149,11 @@ def _scaling(trajectories, noise, select, seed, noise_latents, show) -> dict | N
         raise ConfigError(f"--trajectories {K}: expected >= 1")
     if noise is not None and not noise >= 0:
         raise ConfigError(f"--noise {noise}: expected a standard deviation >= 0")
+    if K > 1 and not noise:
+        raise ConfigError(
+            f"--trajectories {K} without noise runs {K} identical copies of one trajectory: add "
+            '--noise SIGMA > 0 (docs/evaluation.md, "Test-time scaling")'
+        )
     if show:
         raise ConfigError(
             "--show draws the plain recursion; it does not combine with --trajectories / --noise"
