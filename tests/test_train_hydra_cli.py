@@ -38,10 +38,12 @@ def test_cfg_job_prints_the_composed_experiment():
     assert "hydra" not in cfg
 
 
-def test_info_works():
+def test_info_works_and_prints_each_line_once():
     done = _main("--info")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Hydra" in done.stdout
+    assert "Installed Hydra Plugins" not in done.stderr  # not also through the trainer's logger
+    assert done.stdout.count("Installed Hydra Plugins") == 1
 
 
 def test_bad_override_is_one_line_and_exit_1(tmp_path):

@@ -135,6 +135,10 @@ def main(argv: list[str] | None = None) -> None:
     if cfg is not None:
         run(cfg)
         return
+    if any(a == "--info" or a.startswith("--info=") for a in args):
+        # Hydra's --info gives the root logger a stdout handler of its own: ours would print
+        # every line a second time
+        logging.getLogger().handlers.clear()
     saved, sys.argv = sys.argv, [sys.argv[0], *args]  # Hydra reads its command line there
     try:
         _hydra_app()
