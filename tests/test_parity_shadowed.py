@@ -101,13 +101,14 @@ def _venv_seeing_this_environment(root: pathlib.Path) -> pathlib.Path:
 
 
 def _build_isolation_flags() -> list[str]:
-    """Offline where this environment's setuptools can build the project (>= 70.1: bdist_wheel
-    built in); otherwise pip's isolated build, which fetches setuptools as `pip install .` does."""
+    """Offline where this environment's setuptools can build the project (>= 77: bdist_wheel
+    built in, the SPDX license string read); otherwise pip's isolated build, which fetches
+    setuptools as `pip install .` does."""
     try:
         major, minor = (int(p) for p in importlib.metadata.version("setuptools").split(".")[:2])
     except (importlib.metadata.PackageNotFoundError, ValueError):
         return []
-    return ["--no-build-isolation"] if (major, minor) >= (70, 1) else []
+    return ["--no-build-isolation"] if (major, minor) >= (77, 0) else []
 
 
 def test_diff_with_the_project_installed_non_editable(tmp_path):
