@@ -471,3 +471,18 @@ def test_trajectories_without_noise_are_refused_in_one_line(noise):
     with pytest.raises(ConfigError, match=r"--trajectories 8 without noise .* add --noise SIGMA"):
         _scaling(8, noise, None, None, None, 0)
     assert _scaling(1, 0.0, None, None, None, 0)["trajectories"] == 1
+
+
+def test_plot_without_matplotlib_is_one_line_before_the_evaluation(
+    run, tmp_path, monkeypatch, capsys
+):
+    """--plot in an environment without matplotlib (emulated: importing it raises) stops before
+    the evaluation runs (no report printed), in one line naming the extra."""
+    import sys
+
+    run_dir, _, _ = run
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    msg = _one_line_error(None, [run_dir, "--plot", str(tmp_path / "acc.png")])
+    assert "--plot needs matplotlib: pip install -e '.[plot]'" in msg, msg
+    assert "exact accuracy" not in capsys.readouterr().out
+    assert not (tmp_path / "acc.png").exists()

@@ -150,10 +150,10 @@ def main(argv=None) -> dict:
             args.source, step=args.step, data=args.data, batch=args.batch,
             overrides=args.overrides, save_dir=save_dir, progress=sys.stderr.isatty(), **options,
         )  # fmt: skip
+        print(format_table(report, evaluation))
+        evaluation.finish(report, options)
     except ConfigError as e:
         exit_with(e)
-    print(format_table(report, evaluation))
-    evaluation.finish(report, options)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

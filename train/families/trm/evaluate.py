@@ -32,6 +32,7 @@ from models.trm.models import INNERS
 from models.trm.scaling import SELECT
 from train.errors import ConfigError
 from train.families.trm.show import (
+    check_plot_possible,
     puzzle_boards,
     render_text,
     save_accuracy_plot,
@@ -79,6 +80,8 @@ class TRMEvaluation(Evaluation):
                halt=False, show=0, plot=None, trajectories=None, noise=None, select=None,
                seed=None, noise_latents=None) -> dict:  # fmt: skip
         scaling = _scaling(trajectories, noise, select, seed, noise_latents, show)
+        if plot:
+            check_plot_possible()
         return evaluate_trm(
             src.task, src.state, data, trained_on=src.trained_on, extra_steps=extra_steps,
             halt=halt, show=show, batch=batch, save_dir=save_dir, progress=progress,

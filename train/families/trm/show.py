@@ -23,6 +23,7 @@ import numpy as np
 
 from data.arc import COLOUR_OFFSET
 from data.arc_eval import crop_shapes
+from train.errors import ConfigError
 
 MAZE_CHARSET = "# SGo"  # data.maze.CHARSET (kept here so rendering needs no data builder)
 IGNORE = -100
@@ -157,8 +158,13 @@ def _pyplot():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SystemExit("error: --plot needs matplotlib: pip install -e .[plot]") from None
+        raise ConfigError("--plot needs matplotlib: pip install -e '.[plot]'") from None
     return plt
+
+
+def check_plot_possible() -> None:
+    """ConfigError now, before any compute, when --plot could not draw at the end."""
+    _pyplot()
 
 
 def _draw(ax, b: Board, grid: np.ndarray, wrong: np.ndarray | None, title: str) -> None:
