@@ -191,11 +191,9 @@ class JaxRunner:
         _CompileCounter.install()
         from omegaconf import OmegaConf
 
-        from train.families import enable_x64_if_needed
-
         self.tcfg = OmegaConf.create(self.cfg["trainer_cfg"])
-        enable_x64_if_needed(self.tcfg)  # as train.trainer does (upstream's float64 loss)
         self.mesh = mesh_lib.make_mesh(self.tcfg.mesh)
+        # as train.trainer does: x64 on for upstream's float64 loss
         self.task = make_task(self.tcfg, self.mesh, need_data=False)
         self.step_fn = jit_train_step(self.task)
         self.state = self.task.create_state()

@@ -9,7 +9,7 @@ One process, so both sides run under the same XLA flags, allocator settings and 
    (`task.train_iterator()`, the batches the trainer will draw, in its order); warmup + steps
    batches placed on the devices first, then the step (train.jit.jit_train_step: the trainer's
    jitted, sharded, donating step) run over them with one sync at the end;
-2. trainer: `train.main.run` on the same config for warmup + steps steps (trainer.max_steps),
+2. trainer: `train.trainer.train` (inside `train.main.one_run`) on the same config for warmup + steps steps (trainer.max_steps),
    logging every `--steps // 4` steps; its seconds per step are the step_time_ms it logs
    (train/trainer.py StepClock: waited one step late, compile excluded), median of its windows
    after the warm-up;
@@ -69,8 +69,9 @@ def measure(overrides: list[str], *, steps: int, warmup: int, work: Path) -> dic
     from train.compilation_cache import setup_compilation_cache
     from train.compose import load_config
     from train.jit import jit_train_step
-    from train.main import run
+    from train.main import one_run
     from train.mesh import make_mesh
+    from train.trainer import train
 
     window = max(1, steps // 4)
     cfg = load_config([
@@ -85,9 +86,8 @@ def measure(overrides: list[str], *, steps: int, warmup: int, work: Path) -> dic
         f"run.compilation_cache_dir={work / 'xla-cache'}",
         "run.compilation_cache_min_compile_secs=0",
     ])  # fmt: skip
-    # what the trainer's run() would do first: the cache, x64 for the float64 loss
+    # what train.main.one_run does first: the cache (make_task: x64 for the float64 loss)
     setup_compilation_cache(cfg.run.compilation_cache_dir, 0)
-    families.enable_x64_if_needed(cfg)
     mesh = make_mesh(cfg.mesh)
     task = families.make_task(cfg, mesh)
     data_iter = task.train_iterator()
@@ -99,7 +99,8 @@ def measure(overrides: list[str], *, steps: int, warmup: int, work: Path) -> dic
     bare = [_bare(task, batches, step_fn)]
     first_bare_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    run(cfg)
+    with one_run(cfg):
+        train(cfg, mesh)
     trainer_wall_s = time.perf_counter() - t0
     bare.append(_bare(task, batches, step_fn))
     windows = _trainer_windows(work / "trainer", warmup)

@@ -57,7 +57,7 @@ def main(argv=None):
     from bench import configs, runners
     from bench.stats import paired_ratios, summarize
     from train import mesh as mesh_lib
-    from train.families import enable_x64_if_needed, make_task
+    from train.families import make_task
     from train.jit import build_train_step
 
     cfg = configs.get(args.config)
@@ -72,7 +72,6 @@ def main(argv=None):
     for ov in variants:
         rc = configs.resolve(cfg, jax_overrides=ov, data_path=args.data_path)
         tcfg = OmegaConf.create(rc["trainer_cfg"])
-        enable_x64_if_needed(tcfg)
         mesh = mesh_lib.make_mesh(tcfg.mesh)
         task = make_task(tcfg, mesh, need_data=False)
         jitted, abstract = build_train_step(tcfg, mesh, task=task)

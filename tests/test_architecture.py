@@ -263,3 +263,54 @@ def test_the_shared_toolkit_modules_import_no_torch_and_nothing_of_the_project()
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 imported.add(node.module.split(".")[0])
         assert not imported & {"torch", "models", "train", "data"}, (name, imported)
+
+
+# --- one step, frame by frame ---------------------------------------------------------------------
+# The project's frames from `python -m train.main` down to the model's __call__ while the first
+# TRM step is traced (docs/architecture.md, "One step, frame by frame"). In the steady state the
+# loop's frames are the first three: the step is the compiled program.
+ONE_STEP = [
+    ("train/main.py", "main"),
+    ("train/trainer.py", "train"),
+    ("train/trainer.py", "_loop"),
+    ("train/nonfinite.py", "train_step"),  # the jitted function: the non-finite guard
+    ("train/families/trm/task.py", "train_step"),  # the family's step on the trainer's state
+    ("models/trm/train_step.py", "train_step"),  # upstream's train_batch + EMA update
+    ("models/trm/train_step.py", "loss_fn"),  # under jax.grad
+    ("models/trm/models.py", "__call__"),
+]
+
+
+def test_one_trm_step_is_eight_frames_of_project_code(tmp_path, monkeypatch):
+    """`python -m train.main` (in process) on a tiny TRM run: the stack at the model's first call
+    holds exactly the ONE_STEP frames of this project (JAX's own frames between them are not
+    counted), so a new wrapper, forwarder or layer of indirection fails here and in the doc."""
+    import traceback
+
+    from models.trm.models import TRM
+    from tests.helpers import build_tiny_sudoku, tiny_trm_overrides
+    from train.main import main
+
+    stacks = []
+    call = TRM.__call__
+
+    def recording(self, *args, **kwargs):
+        if not stacks:
+            stacks.append(traceback.extract_stack()[:-1])
+        return call(self, *args, **kwargs)
+
+    monkeypatch.setattr(TRM, "__call__", recording)
+    data = build_tiny_sudoku(str(tmp_path / "sudoku"))
+    main([
+        *tiny_trm_overrides(data, str(tmp_path / "runs"), "frames", epochs=1),
+        "trainer.max_steps=1",
+        "checkpoint.enabled=false",
+    ])  # fmt: skip
+    ours = [
+        (path.relative_to(ROOT).as_posix(), f.name)
+        for f in stacks[0]
+        if (path := pathlib.Path(f.filename)).is_absolute()
+        and any(path.is_relative_to(ROOT / package) for package in PACKAGES)
+    ]
+    ours.append(("models/trm/models.py", "__call__"))  # the recorded call itself
+    assert ours == ONE_STEP, "\n".join(f"{p}:{n}" for p, n in ours)

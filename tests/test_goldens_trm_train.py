@@ -112,12 +112,12 @@ def port_config(variant: str, data_dir, out_dir):
 
 def make_port(variant: str, data_dir, tmp_path):
     """(task, state): the TRM Task as train.main makes it, holding upstream's initial weights."""
-    from train.families import enable_x64_if_needed, make_task
+    from train.families import make_task
     from train.mesh import make_mesh
 
     cfg = port_config(variant, data_dir, tmp_path / "runs")
-    assert enable_x64_if_needed(cfg)  # float64 stablemax, as upstream; the test runs under x64
     task = make_task(cfg, make_mesh(cfg.mesh, devices=jax.devices()[:1]))
+    assert jax.config.jax_enable_x64  # float64 stablemax, as upstream: make_task switched x64 on
     assert task.total_steps == _manifest()["variants"][variant]["total_steps"]
     init = {k[len("init.") :]: v for k, v in golden(variant).items() if k.startswith("init.")}
     path = tmp_path / f"init_{variant}.pt"

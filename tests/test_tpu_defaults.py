@@ -3,7 +3,7 @@
 `mesh=v4-64` replicates params (docs/sharding.md, "Defaults on a v4-64") and merges
 configs/tpu/<experiment>.yaml, which gives every TRM experiment the float32 loss
 (docs/sharding.md, "float64 on a TPU"); `mesh=cpu` / `mesh=gpu` keep upstream's float64.
-`train.families.check_backend` (TRMTask.check_backend) refuses the float64 loss on a TPU. Composition only: no compile.
+`TRMTask.check_backend` (which train.families.make_task asks first) refuses the float64 loss on a TPU. Composition only: no compile.
 """
 
 from __future__ import annotations
@@ -16,7 +16,12 @@ import pytest
 from tests.helpers import REPO
 from train.compose import load_config
 from train.config import ConfigError
-from train.families import check_backend
+from train.families import family
+
+
+def check_backend(cfg, platform: str) -> None:
+    family(cfg.task).task.check_backend(cfg, platform)
+
 
 EXPERIMENTS = sorted(
     os.path.splitext(os.path.basename(p))[0]

@@ -75,12 +75,13 @@ def test_every_experiment_builds_its_abstract_train_state(name):
     TRM carry) through jax.eval_shape, as the trainer does before allocating anything: shapes
     only, so GPT-2 124M and the ARC puzzle tables cost no memory here. Where the parameter count is
     published it must match, so an experiment that builds the wrong model fails too."""
-    from train.families import make_task, needs_x64
+    from train.families import family
 
     cfg = load_config([f"+experiment={name}"])
     live = sum(a.nbytes for a in jax.live_arrays())
-    with jax.enable_x64(needs_x64(cfg)):  # the trainer enables x64 for the float64 TRM loss
-        task = make_task(cfg, make_mesh(cfg.mesh, devices=jax.devices()[:1]), need_data=False)
+    cls = family(cfg.task).task  # make_task without its process-wide x64 switch
+    with jax.enable_x64(cls.needs_x64(cfg)):  # the trainer enables x64 for the float64 TRM loss
+        task = cls(cfg, make_mesh(cfg.mesh, devices=jax.devices()[:1]), need_data=False)
     grown = sum(a.nbytes for a in jax.live_arrays()) - live
     assert grown < 2**20, f"{name}: building the abstract state allocated {grown} bytes"
     leaves = jax.tree.leaves(task.abstract_state)
@@ -156,9 +157,12 @@ def test_mesh_presets():
 
 
 def test_x64_is_needed_only_for_trm_with_the_float64_loss():
-    """train.trainer, train.aot and train.export share one decision (train.families.needs_x64, which
-    asks the family: Task.needs_x64)."""
-    from train.families import needs_x64
+    """Every command takes one decision (train.families.make_task asks the family:
+    Task.needs_x64)."""
+    from train.families import family
+
+    def needs_x64(cfg):
+        return family(cfg.task).task.needs_x64(cfg)
 
     assert needs_x64(load_config(["+experiment=trm_sudoku_tiny"]))  # upstream's default loss
     assert not needs_x64(load_config(["+experiment=trm_sudoku_tiny", "optim.loss_dtype=float32"]))

@@ -160,7 +160,7 @@ def _poison(state):
     ],
 )
 def test_the_real_step_returns_the_flag_and_skip_returns_its_input(family, mode, tmp_path, request):
-    """The trainer's own pure step (train.jit.pure_train_step) of both families: a finite step
+    """The trainer's own jitted step (train.jit.jit_train_step: the guard inside) of both families: a finite step
     has flag 0; a NaN weight gives flag 1, and with skip the state that comes out IS the state
     that went in, bit for bit (params, optimizer, step counts, EMA, carry, RNG)."""
     if family == "gpt":
@@ -171,7 +171,7 @@ def test_the_real_step_returns_the_flag_and_skip_returns_its_input(family, mode,
     mesh = make_mesh(cfg.mesh, devices=jax.devices()[:1])
     task = families.make_task(cfg, mesh)
     with jax.set_mesh(mesh):
-        step = jax.jit(jit_lib.pure_train_step(task))
+        step = jit_lib.jit_train_step(task)
         batches = task.train_iterator()
         state, metrics = step(task.create_state(), task.to_global(next(batches)))
         assert float(metrics[FLAG]) == 0.0 and _all_finite(state)

@@ -51,11 +51,10 @@ def scatters(stablehlo: str) -> list[tuple[str, str]]:
 def _lowered_trm_sudoku_step(*overrides: str) -> str:
     from train import mesh as mesh_lib
     from train.compose import load_config
-    from train.families import enable_x64_if_needed, make_task
+    from train.families import make_task
     from train.jit import build_train_step
 
     cfg = load_config(["+experiment=trm_sudoku", "mesh=cpu", *overrides])
-    enable_x64_if_needed(cfg)
     mesh = mesh_lib.make_mesh(cfg.mesh, devices=jax.devices()[:1])
     task = make_task(cfg, mesh, need_data=False)
     jitted, args = build_train_step(cfg, mesh, task=task)

@@ -45,7 +45,7 @@ from jax.experimental import topologies
 from train import mesh as mesh_lib
 from train.compose import load_config
 from train.config import ConfigError
-from train.families import check_backend, enable_x64_if_needed, make_task
+from train.families import family, make_task
 from train.flops import peak_flops_for
 from train.jit import build_train_step
 
@@ -495,12 +495,11 @@ def aot_compile(
     `hbm_bytes`: what the step must fit in per device (default: the slice's chip)."""
     cfg = load_config(list(overrides))  # exactly as train.main composes and validates it
     # as the trainer does on the slice (every slice in TOPOLOGIES is a TPU), before libtpu loads
-    check_backend(cfg, "tpu")
+    family(cfg.task).task.check_backend(cfg, "tpu")
     spec = TOPOLOGIES.get(topology)
     devices = topology_devices(topology)
-    enable_x64_if_needed(cfg)  # as train.trainer.train
     mesh = mesh_lib.make_mesh(cfg.mesh, devices=devices)
-    # need_data=False: sizes that come from the dataset (vocab, seq_len, ids) come from the config
+    # as train.trainer.train (x64 on when needed); need_data=False: sizes that come from the dataset (vocab, seq_len, ids) come from the config
     task = make_task(cfg, mesh, need_data=False)
     jitted, abstract_args = build_train_step(cfg, mesh, task=task)
     compiled, t_lower, t_compile = compile_step(jitted, abstract_args, mesh)

@@ -19,7 +19,7 @@ from omegaconf.errors import ConfigAttributeError, OmegaConfBaseException
 
 from train import config as config_lib
 from train.errors import ConfigError, one_line
-from train.families import task_class
+from train.families import family
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
@@ -109,4 +109,4 @@ def validate(cfg) -> None:
     """The trainer's sections (train.config.validate), then the model family's
     (Task.validate_config: model / data / optim). Raises ConfigError."""
     config_lib.validate(cfg)
-    task_class(cfg.task).validate_config(cfg)
+    family(cfg.task).task.validate_config(cfg)

@@ -33,24 +33,14 @@ def jit_train_step(task: Task):
     """`train_step(state, batch) -> (state, metrics)`: the task's pure step, jitted with the
     in/out shardings of state and batch, the state donated."""
     batch_sh = jax.tree.map(lambda a: a.sharding, task.abstract_batch())
+    # the non-finite guard of `trainer.on_nonfinite` (train/nonfinite.py): metrics gain
+    # `nonfinite`; in skip mode a step with a non-finite loss or gradient norm returns its input
     return jax.jit(
-        pure_train_step(task),
+        guard_step(task.train_step, task.cfg.trainer.on_nonfinite),
         in_shardings=(task.state_shardings, batch_sh),
         out_shardings=(task.state_shardings, mesh_lib.replicated(task.mesh)),
         donate_argnums=0,
     )
-
-
-def pure_train_step(task: Task):
-    """The task's pure step with the non-finite guard of `trainer.on_nonfinite`
-    (train/nonfinite.py): metrics gain `nonfinite`; in skip mode a step with a non-finite loss or
-    gradient norm returns its input state."""
-    guarded = guard_step(task.train_step, task.cfg.trainer.on_nonfinite)
-
-    def train_step(state, batch):  # jit names the program (and its compilation-cache file) after it
-        return guarded(state, batch)
-
-    return train_step
 
 
 def build_train_step(cfg, mesh, *, task: Task | None = None, need_data: bool = False):

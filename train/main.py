@@ -17,6 +17,7 @@ needed. Every process gets the same argv and composes the same config: no per-pr
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import sys
@@ -75,19 +76,18 @@ def sweep_jobs(args: list[str]) -> list[list[str]]:
     return [list(job) for job in itertools.product(*choices.values())]
 
 
-def run(cfg) -> dict:
-    """Trains the validated `cfg`: one run of the app (a plain run, or one job of a sweep)."""
+@contextlib.contextmanager
+def one_run(cfg):
+    """The process around one run of the app (a plain run, or one job of a sweep): the
+    compilation cache (process-wide, so here, before the first compile), and the run's failures
+    as one line and an exit status instead of a traceback. The body calls train.trainer.train."""
+    setup_compilation_cache(
+        cfg.run.compilation_cache_dir, cfg.run.compilation_cache_min_compile_secs
+    )
     try:
-        # Process-wide, so here and not in train(): before the first compile, once per process.
-        setup_compilation_cache(
-            cfg.run.compilation_cache_dir, cfg.run.compilation_cache_min_compile_secs
-        )
-        try:
-            return train(cfg, make_mesh(cfg.mesh))  # raises ConfigError when it cannot resume
-        finally:
-            log_compilation_cache_stats()  # hits / misses of this process
+        yield
     except (ConfigError, NonfiniteError) as e:  # NonfiniteError: trainer.on_nonfinite=stop
-        exit_with(e)  # exit status 1, no traceback: it is the user's input
+        exit_with(e)  # exit status 1, no traceback: it is the user's input (or cannot resume)
     except Preempted as e:  # SIGTERM / SIGINT: the step reached is committed
         print(e, file=sys.stderr, flush=True)
         sys.exit(EXIT_PREEMPTED)
@@ -98,6 +98,8 @@ def run(cfg) -> dict:
             e = DiskFullError(e.filename or cfg.run.out_dir)
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(EXIT_DISK_FULL)
+    finally:
+        log_compilation_cache_stats()  # hits / misses of this process
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")
@@ -112,7 +114,8 @@ def _hydra_app(cfg) -> dict:
         validate(cfg)
     except ConfigError as e:
         exit_with(e)
-    return run(cfg)
+    with one_run(cfg):
+        return train(cfg, make_mesh(cfg.mesh))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -133,7 +136,8 @@ def main(argv: list[str] | None = None) -> None:
         logging.getLogger(__name__).info("JAX_PLATFORMS=cpu: no TPU or GPU device on this machine")
     initialize()  # before anything touches devices (importing the trainer does not)
     if cfg is not None:
-        run(cfg)
+        with one_run(cfg):
+            train(cfg, make_mesh(cfg.mesh))
         return
     if any(a == "--info" or a.startswith("--info=") for a in args):
         # Hydra's --info gives the root logger a stdout handler of its own: ours would print

@@ -61,7 +61,7 @@ def guard_step(step: Callable, mode: str) -> Callable:
     if mode not in NONFINITE_MODES:
         raise ValueError(f"on_nonfinite must be one of {NONFINITE_MODES}, got {mode!r}")
 
-    def guarded(state, batch):
+    def train_step(state, batch):  # jit names the program (and its compilation-cache file) so
         # The input's arrays, taken BEFORE the step: an NNX step merges the state into Variables
         # and updates them in place, which can rebind the input pytree's leaves to the new values.
         old = jax.tree.leaves(state)
@@ -75,7 +75,7 @@ def guard_step(step: Callable, mode: str) -> Callable:
             new_state = jax.tree.unflatten(treedef, kept)
         return new_state, {**metrics, FLAG: bad.astype(jnp.float32)}
 
-    return guarded
+    return train_step
 
 
 def _host_value(x) -> np.ndarray:

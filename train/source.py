@@ -162,9 +162,7 @@ def _make_task(cfg, single_device: bool, *, need_data: bool):
         devices = jax.devices()[:1]
     try:
         mesh = make_mesh(cfg.mesh, devices)
-        families.check_backend(cfg, mesh.devices.flat[0].platform)  # e.g. no float64 on a TPU
-        families.enable_x64_if_needed(cfg)
-        return families.make_task(cfg, mesh, need_data=need_data)
+        return families.make_task(cfg, mesh, need_data=need_data)  # e.g. no float64 on a TPU
     except (ValueError, FileNotFoundError) as e:  # ConfigError included
         raise SourceError(one_line(e)) from e
 

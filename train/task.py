@@ -105,7 +105,7 @@ class Task:
     @classmethod
     def needs_x64(cls, cfg) -> bool:
         """Whether this run computes in float64 somewhere, so jax x64 must be on before the first
-        trace (train.families.enable_x64_if_needed switches it, process-wide)."""
+        trace (train.families.make_task switches it, process-wide)."""
         return False
 
     @classmethod

@@ -50,51 +50,46 @@ def train(cfg, mesh) -> dict:
     train.preemption.Preempted after a SIGTERM / SIGINT, once the step reached is committed,
     train.errors.DiskFullError when a write runs out of space (the last committed checkpoint is
     kept), and ConfigError when another trainer is writing the run directory (train/rundir.py)."""
+    run_dir, goodput, clock = run_dir_of(cfg), Goodput(), StepClock()
     # from the start: a signal during startup stops cleanly; the run directory is claimed
     # before anything in it is read or written
-    with Preemption() as preemption, rundir.claim(run_dir_of(cfg)) as claim:
-        return _train(cfg, mesh, preemption, claim)
-
-
-def _train(cfg, mesh, preemption, claim) -> dict:
-    goodput, clock = Goodput(), StepClock()
-    run_dir = run_dir_of(cfg)
-    with goodput.measure("startup"):
-        task, ckpt, data_iter, state, step, meta = _start(cfg, mesh, run_dir)
-    stop = min(task.total_steps, cfg.trainer.max_steps or task.total_steps)
-    if step >= stop:  # a finished run started again: nothing to do, its results stay
-        ckpt.close()
-        return _already_finished(run_dir, step)
-    if step:
-        goodput.resumed(meta.get("goodput"), _steps_logged_after(run_dir, step))
-    log.info(
-        "run directory %s: config.yaml, metrics.jsonl, final.json; checkpoints in %s",
-        run_dir,
-        ckpt.directory,
-    )
-    step_fn = jit_lib.jit_train_step(task)
-    config_dict = OmegaConf.to_container(cfg, resolve=True)
-    logger = MetricLogger(run_dir, cfg, cfg.run.name, config_dict, stop, task.console_metrics)
-    run = _Run(cfg, task, ckpt, logger, data_iter, step, meta, goodput, preemption, claim)
-    run.profiler = StepProfiler(cfg, run_dir)
-    peak = peak_flops() * mesh.devices.size
-    first = step
-    try:
-        with jax.set_mesh(mesh):
-            state, step = _loop(run, state, step, stop, step_fn, clock, peak)
-    finally:  # also on NonfiniteError / Preempted: commit the checkpoints, write the metrics
-        run.profiler.close()  # a window the run did not reach the end of
-        with goodput.measure("checkpoint"):
-            _close(ckpt.close, logger.close)
-    if step == first and first > 0:  # TRM: the restored data iterator had no batch left
-        return _already_finished(run_dir, step)
-    totals = goodput.totals()
-    final = {"step": step, **_jsonable(run.last), **run.guard.final(), "goodput": totals}
-    if jax.process_index() == 0:
-        write_text_atomic(run_dir / "final.json", dumps(final))
-    log.info("%s", summary_line(cfg, run_dir, ckpt, step, run.best, run.best_step))
-    log.info("time: %s", summary(totals))
-    return {"step": step, **run.last}
+    with Preemption() as preemption, rundir.claim(run_dir) as claim:
+        with goodput.measure("startup"):
+            task, ckpt, data_iter, state, step, meta = _start(cfg, mesh, run_dir)
+        stop = min(task.total_steps, cfg.trainer.max_steps or task.total_steps)
+        if step >= stop:  # a finished run started again: nothing to do, its results stay
+            ckpt.close()
+            return _already_finished(run_dir, step)
+        if step:
+            goodput.resumed(meta.get("goodput"), _steps_logged_after(run_dir, step))
+        log.info(
+            "run directory %s: config.yaml, metrics.jsonl, final.json; checkpoints in %s",
+            run_dir,
+            ckpt.directory,
+        )
+        step_fn = jit_lib.jit_train_step(task)
+        config_dict = OmegaConf.to_container(cfg, resolve=True)
+        logger = MetricLogger(run_dir, cfg, cfg.run.name, config_dict, stop, task.console_metrics)
+        run = _Run(cfg, task, ckpt, logger, data_iter, step, meta, goodput, preemption, claim)
+        run.profiler = StepProfiler(cfg, run_dir)
+        peak = peak_flops() * mesh.devices.size
+        first = step
+        try:
+            with jax.set_mesh(mesh):
+                state, step = _loop(run, state, step, stop, step_fn, clock, peak)
+        finally:  # also on NonfiniteError / Preempted: commit the checkpoints, write the metrics
+            run.profiler.close()  # a window the run did not reach the end of
+            with goodput.measure("checkpoint"):
+                _close(ckpt.close, logger.close)
+        if step == first and first > 0:  # TRM: the restored data iterator had no batch left
+            return _already_finished(run_dir, step)
+        totals = goodput.totals()
+        final = {"step": step, **_jsonable(run.last), **run.guard.final(), "goodput": totals}
+        if jax.process_index() == 0:
+            write_text_atomic(run_dir / "final.json", dumps(final))
+        log.info("%s", summary_line(cfg, run_dir, ckpt, step, run.best, run.best_step))
+        log.info("time: %s", summary(totals))
+        return {"step": step, **run.last}
 
 
 def _start(cfg, mesh, run_dir):
@@ -103,9 +98,7 @@ def _start(cfg, mesh, run_dir):
     batch = {"trainer.global_batch_size": int(cfg.trainer.global_batch_size)}
     mesh_lib.check_batch_divisible(mesh, cfg.mesh.rules, batch)  # not JAX's sharding error
     _check_init_from(cfg)
-    families.check_backend(cfg, mesh.devices.flat[0].platform)  # e.g. no float64 on a TPU
-    families.enable_x64_if_needed(cfg)  # before anything is traced (Task.needs_x64)
-    task = families.make_task(cfg, mesh)
+    task = families.make_task(cfg, mesh)  # refuses float64 on a TPU; x64 on when needed
     task.validate_data()  # a broken split or vocab fails here, not at the first evaluation
     ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint)
     try:
@@ -194,8 +187,12 @@ def _loop(run, state, step: int, stop: int, step_fn, clock, peak: float):
             batch = None if local is None else task.to_global(local)
         if batch is None:  # TRM: upstream's epochs / eval_interval iterations are done
             break
-        state, metrics = _step(run, step_fn, state, batch, clock, step + 1)
         step += 1
+        phase = "steps" if clock.compiled else "compile"  # the first step of a process compiles
+        with run.goodput.measure(phase):
+            state, metrics = step_fn(state, batch)  # dispatched: it runs while the host goes on
+            clock.dispatched(step, metrics)  # waits for step - 1 (the first step: for itself)
+        run.goodput.steps_timed += phase == "steps"
         run.profiler.after(step, (state, metrics))
         run.guard.watch(step, metrics)  # acts on step - 1's nonfinite flag (already computed)
         unlogged = metrics
@@ -213,16 +210,6 @@ def _loop(run, state, step: int, stop: int, step_fn, clock, peak: float):
     run.guard.check_pending()
     run.logger.flush()
     return state, step
-
-
-def _step(run, step_fn, state, batch, clock, step: int):
-    """One dispatched step (async), timed: the first of a process start counts as compile."""
-    phase = "steps" if clock.compiled else "compile"
-    with run.goodput.measure(phase):
-        state, metrics = step_fn(state, batch)
-        clock.dispatched(step, metrics)  # waits for step - 1 (the first step: for itself)
-    run.goodput.steps_timed += phase == "steps"
-    return state, metrics
 
 
 def _write_config(cfg, run_dir) -> None:

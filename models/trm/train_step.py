@@ -185,33 +185,31 @@ def train_step(
         rest = nnx.state(model, nnx.Not(nnx.Any(nnx.Param, PuzzleTable)))
         return loss / config.global_batch_size, (new_carry, metrics, rest)
 
-    def update():
-        delta = None
-        if table is not None:
-            delta = jnp.zeros((batch_rows, table.shape[-1]), table.dtype)
-        grad_fn = jax.grad(loss_fn, argnums=(0, 1), has_aux=True)
-        (grads, delta_grad), (new_carry, metrics, rest) = grad_fn(state.params, delta)
-        # Global L2 norms (torch clip_grad_norm_'s total norm; nothing is clipped, upstream does
-        # not clip): of the nnx.Param grads, and of the gathered puzzle rows' grads (the
-        # `local_weights.grad` SignSGD reads, duplicates of an id counted per row).
-        metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
-        if delta_grad is not None:
-            metrics["puzzle_emb_grad_norm"] = optax.tree.norm(delta_grad)
+    delta = None
+    if table is not None:
+        delta = jnp.zeros((batch_rows, table.shape[-1]), table.dtype)
+    grad_fn = jax.grad(loss_fn, argnums=(0, 1), has_aux=True)
+    (grads, delta_grad), (new_carry, metrics, rest) = grad_fn(state.params, delta)
+    # Global L2 norms (torch clip_grad_norm_'s total norm; nothing is clipped, upstream does
+    # not clip): of the nnx.Param grads, and of the gathered puzzle rows' grads (the
+    # `local_weights.grad` SignSGD reads, duplicates of an id counted per row).
+    metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
+    if delta_grad is not None:
+        metrics["puzzle_emb_grad_norm"] = optax.tree.norm(delta_grad)
 
-        # SignSGD runs after the mask (below) on these inputs: a table passed through a cond's
-        # branches, or through the mask, would be copied whole every step
-        # (docs/porting_trm_training.md, "The puzzle table stays out of the cond").
-        table_inputs = None
-        if table is not None:
-            table_inputs = (new_carry.current_data["puzzle_identifiers"], delta_grad)
-        params, opt_state = state.params, state.opt_state
-        if not config.freeze_weights:  # then AdamATan2
-            hyper = dict(opt_state.hyperparams)  # a new dict: never mutate the input state
-            hyper["learning_rate"] = jnp.asarray(lr, hyper["learning_rate"].dtype)
-            opt_state = opt_state._replace(hyperparams=hyper)
-            updates, opt_state = adam_atan2_for(config).update(grads, opt_state, params)
-            params = optax.apply_updates(params, updates)
-        return params, table_inputs, rest, opt_state, new_carry, metrics
+    # SignSGD runs after the mask (below) on these inputs: a table passed through a cond's
+    # branches, or through the mask, would be copied whole every step
+    # (docs/porting_trm_training.md, "The puzzle table stays out of the cond").
+    table_inputs = None
+    if table is not None:
+        table_inputs = (new_carry.current_data["puzzle_identifiers"], delta_grad)
+    params, opt_state = state.params, state.opt_state
+    if not config.freeze_weights:  # then AdamATan2
+        hyper = dict(opt_state.hyperparams)  # a new dict: never mutate the input state
+        hyper["learning_rate"] = jnp.asarray(lr, hyper["learning_rate"].dtype)
+        opt_state = opt_state._replace(hyperparams=hyper)
+        updates, opt_state = adam_atan2_for(config).update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
 
     # A step past total_steps changes nothing but the EMA (and the step counter). Upstream skips
     # the update with an `if`; here the update is computed and its result masked out
@@ -220,7 +218,6 @@ def train_step(
     # Only steps past the schedule compute in vain (Sudoku: none; the loader drops the last
     # partial batch of each iteration, 65,100 steps run of 65,104 scheduled).
     skipped = step > config.total_steps
-    params, table_inputs, rest, opt_state, new_carry, metrics = update()
     keep = (state.params, state.rest, state.opt_state, carry)
     params, rest, opt_state, new_carry = jax.tree.map(
         lambda old, new: jnp.where(skipped, old, new),

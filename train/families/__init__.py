@@ -1,7 +1,7 @@
 """The registry: a config's `task:` -> its model family, the one place the commands look one up.
 
     fam = family(cfg.task)                   # a train.task.Family: the Task and the commands' pieces
-    task = make_task(cfg, mesh)              # fam.task(cfg, mesh)
+    task = make_task(cfg, mesh)              # backend check, jax x64 when needed, fam.task(cfg, mesh)
 
 FAMILIES names the families of this repository; each is a package whose `FAMILY` is a
 train.task.Family (train/families/gpt/, train/families/trm/). `task:` may also name such a package
@@ -52,31 +52,14 @@ def registered() -> dict[str, Family]:
     return {name: family(name) for name in FAMILIES}
 
 
-def task_class(name: str) -> type[Task]:
-    """The Task subclass of `cfg.task`."""
-    return family(name).task
-
-
-def needs_x64(cfg) -> bool:
-    """Whether the run `cfg` needs jax x64 (the family decides: Task.needs_x64)."""
-    return task_class(cfg.task).needs_x64(cfg)
-
-
-def check_backend(cfg, platform: str) -> None:
-    """ConfigError when the run cannot run as asked on devices of `platform` (Task.check_backend);
-    before `enable_x64_if_needed`."""
-    task_class(cfg.task).check_backend(cfg, platform)
-
-
-def enable_x64_if_needed(cfg) -> bool:
-    """Turns jax x64 on when `needs_x64(cfg)`. Process-wide, so call it before building the task
-    (every entry point does). Returns whether it did."""
-    if needs_x64(cfg):
-        jax.config.update("jax_enable_x64", True)
-        return True
-    return False
-
-
 def make_task(cfg, mesh, *, need_data: bool = True) -> Task:
-    """The task object for `cfg.task` (data metadata is read from disk unless need_data=False)."""
-    return task_class(cfg.task)(cfg, mesh, need_data=need_data)
+    """The task of `cfg.task` on `mesh`, after the run's one float64 decision: ConfigError when
+    the family cannot run `cfg` on `mesh`'s platform (Task.check_backend: e.g. no float64 on a
+    TPU), then jax x64 switched on, process-wide, when the family computes in float64
+    (Task.needs_x64), before anything is traced. Data metadata is read from disk unless
+    need_data=False. Every command builds its task here."""
+    cls = family(cfg.task).task
+    cls.check_backend(cfg, mesh.devices.flat[0].platform)
+    if cls.needs_x64(cfg):
+        jax.config.update("jax_enable_x64", True)
+    return cls(cfg, mesh, need_data=need_data)

@@ -159,7 +159,7 @@ class TRMTask(Task):
         if self.needs_x64(cfg) and not jax.config.jax_enable_x64:
             raise ValueError(
                 "optim.loss_dtype=float64 (upstream's stablemax dtype) needs jax x64; the trainer "
-                "enables it (train.families.enable_x64_if_needed), or set optim.loss_dtype=float32"
+                "enables it (train.families.make_task), or set optim.loss_dtype=float32"
             )
         self.items_per_step = self.batch
         self.flops_per_step = trm_flops_per_step(self.model_cfg, self.batch)
