@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
@@ -22,6 +23,17 @@ if not (os.path.exists("/dev/nvidia0") or os.environ.get("CUDA_VISIBLE_DEVICES")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # no GCE metadata server here
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # two xdist workers may both load libtpu
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# Every test process runs with a third model family registered the way a family in a package of
+# its own is: tests/toy_family/registered/ holds the .dist-info of a distribution whose entry point
+# (group trm_jax_port.families) names tests.toy_family. On sys.path here, on PYTHONPATH for the
+# processes the tests start (with the repository root, so `tests` imports from any directory).
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOY_REGISTRATION = os.path.join(_REPO, "tests", "toy_family", "registered")
+sys.path.append(TOY_REGISTRATION)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (TOY_REGISTRATION, _REPO, os.environ.get("PYTHONPATH")) if p
+)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -224,7 +224,8 @@ def _generic_modules() -> dict[str, pathlib.Path]:
 
 def test_train_is_generic():
     graph, names = import_graph(), _family_names()
-    assert names == {"gpt", "trm"} and "train.families.trm" in _family_packages()
+    # FAMILIES lists this repository's families; more may register (entry points) without a line
+    assert {"gpt", "trm"} <= names and "train.families.trm" in _family_packages()
     leaks = {
         m: found
         for m, path in _generic_modules().items()

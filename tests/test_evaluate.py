@@ -272,7 +272,12 @@ def test_bad_input_is_one_line(run, exported, tmp_path):
 def test_bad_source_is_one_line(tmp_path):
     assert "no such file or run directory" in _one_line_error(None, [str(tmp_path / "nope")])
     assert "without config.yaml" in _one_line_error(None, [str(tmp_path)])
-    assert "--data" in _one_line_error(None, [str(tmp_path), "--data", str(tmp_path / "y")])
+    run = tmp_path / "run"  # a run directory as far as its family goes; --data is checked first
+    run.mkdir()
+    (run / "config.yaml").write_text("task: trm\n")
+    assert "--data" in _one_line_error(None, [str(run), "--data", str(tmp_path / "y")])
+    (run / "config.yaml").write_text("task: vit\n")
+    assert "config.yaml: task must be one of" in _one_line_error(None, [str(run)])
 
 
 # --- ARC --------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
-"""A third model family from files of its own (tests/toy_family/: a toy MLP on random data),
-registered by its module path with no line in train/: it trains 5 steps through
-`python -m train.main`, resumes, and goes through `python -m train.evaluate`
-(docs/architecture.md, "Adding a model family")."""
+"""A third model family from files of its own (tests/toy_family/: a toy MLP on random data), with no
+line in train/: registered by an entry point (tests/conftest.py puts its .dist-info on every test
+process's path) and reachable by its module path too. It trains 5 steps through
+`python -m train.main`, resumes, goes through `python -m train.evaluate` and `train.sample` with
+options of its own (one named like GPT's), and what it lacks (an original code base's checkpoints)
+is one line (docs/architecture.md, "Adding a model family")."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pathlib
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from tests.helpers import REPO
@@ -26,10 +29,10 @@ from train.trainer import train
 SEARCH = f"hydra.searchpath=[file://{REPO}/tests/toy_family/configs]"
 
 
-def _command(module: str, *args) -> str:
+def _command(module: str, *args, returncode: int = 0) -> str:
     cmd = [sys.executable, "-m", module, *map(str, args)]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert done.returncode == returncode, done.stdout[-2000:] + done.stderr[-3000:]
     return done.stdout + done.stderr
 
 
@@ -69,7 +72,21 @@ def test_a_family_outside_train_trains_resumes_and_evaluates(tmp_path):
     report = json.loads(out.read_text())
     assert (report["kind"], report["step"]) == ("run", 5)
     assert report["metrics"] == {k: v for k, v in whole[5].items() if k.startswith("eval/")}
-    assert "eval/accuracy" in printed
+    assert "examples 64: accuracy" in printed, printed  # its Evaluation's table
+
+    # its own evaluation option, and its sampler's --start (GPT's sampler has one too)
+    printed = _command("train.evaluate", tmp_path / "split", "--examples", 32)
+    assert "examples 32: accuracy" in printed, printed
+    printed = _command("train.sample", tmp_path / "split", "--start", 2, "--num-samples", 3)
+    assert [line for line in printed.splitlines() if line.startswith("input 2:")] == [
+        f"input 2:{i} -> class {c}" for i, c in enumerate(_predicted(tmp_path / "split", 2, 3))
+    ]
+    # what it has not: one line each, exit status 1
+    printed = _command("train.export", tmp_path / "split", "--out", tmp_path / "x.pt", returncode=1)
+    assert printed.strip().splitlines() == [
+        "error: tests.toy_family: the family writes no checkpoint in an original code base's "
+        "format (Task.torch_checkpoint)"
+    ], printed
 
     # the family's files are its own: nothing in train/ names it
     named = [p for p in pathlib.Path(REPO, "train").rglob("*.py") if "toy" in p.read_text()]
@@ -86,3 +103,51 @@ def test_the_registry_finds_a_family_by_module_path_and_says_what_is_wrong():
         families.family("tests.no_such_family")
     with pytest.raises(ConfigError, match="tests.helpers has no FAMILY"):
         families.family("tests.helpers")
+
+
+def _predicted(run_dir, start: int, rows: int) -> list[int]:
+    """The classes the run's latest checkpoint predicts for batch `start` of the toy stream."""
+    from tests.toy_family.task import toy_batch
+    from train.source import open_source
+
+    src = open_source(str(run_dir), single_device=True)
+    model, _ = src.task.model(src.state)
+    x = toy_batch(src.cfg.run.seed, start, rows, src.task.model_cfg)["x"]
+    return [int(c) for c in jax.device_get(model(x).argmax(-1))]
+
+
+def test_the_entry_point_registers_it_by_name():
+    """The .dist-info's entry point gives the short name, which composes and names the same
+    Family as the module path; a clash with a name of FAMILIES would be one line."""
+    assert families.names()["toy"] == "tests.toy_family"
+    assert families.family("toy") is families.family("tests.toy_family")
+    assert set(families.registered()) == {"gpt", "trm", "toy"}
+    cfg = load_config([SEARCH, "+experiment=toy", "task=toy"])
+    assert families.family(cfg.task).task.__name__ == "ToyTask"
+
+
+def test_commands_list_each_family_options_apart():
+    """`train.sample --help` and `train.evaluate --help` list every registered family's options
+    under its own name: GPT's and the toy's --start both, without a clash."""
+    printed = _command("train.sample", "--help")
+    gpt, toy = printed.index("gpt options:"), printed.index("toy options:")
+    assert "--start START" in printed[gpt:toy] and "--start START" in printed[toy:], printed
+    printed = _command("train.evaluate", "--help")
+    assert "toy options:" in printed and "--examples N" in printed, printed
+
+
+def test_a_family_without_an_original_code_base_says_so_in_one_line(tmp_path):
+    """trainer.init_from on a family that reads no original checkpoint: one ConfigError line
+    naming the key and the hook, before anything trains."""
+    weights = tmp_path / "weights.pt"
+    weights.write_bytes(b"not read")
+    cfg = load_config([
+        SEARCH, "+experiment=toy", f"run.out_dir={tmp_path}", "run.compilation_cache_dir=null",
+        f"trainer.init_from={weights}",
+    ])  # fmt: skip
+    with pytest.raises(ConfigError) as e:
+        train(cfg, make_mesh(cfg.mesh))
+    assert str(e.value) == (
+        f"trainer.init_from={str(weights)!r}: cannot import it: tests.toy_family: the family reads "
+        "no checkpoint of an original code base (Task.import_weights)"
+    )

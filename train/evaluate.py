@@ -19,7 +19,6 @@ family reports, the data it takes and its own options follow (train/families/<fa
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import logging
 import os
@@ -27,6 +26,7 @@ import sys
 import tempfile
 
 from train import families
+from train.cli import FamilyCommand
 from train.errors import ConfigError, exit_with
 
 log = logging.getLogger(__name__)
@@ -109,43 +109,29 @@ def format_table(report: dict, evaluation) -> str:
     return "\n".join(lines + evaluation.table(report))
 
 
-def _parser(registered: dict) -> argparse.ArgumentParser:
-    docs = [
-        f"{name}: {inspect.getdoc(inspect.getmodule(fam.evaluation))}"
-        for name, fam in registered.items()
-    ]
-    p = argparse.ArgumentParser(
-        prog="python -m train.evaluate",
-        description="\n\n".join([__doc__, *docs]),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def _add_common(p) -> None:
     p.add_argument("source", help="run directory, or a checkpoint file of the original code base")
     p.add_argument("--step", type=int, default=None, help="run directory: this checkpoint step")
     p.add_argument("--data", default=None, help="the data set to evaluate on (default: the run's)")
     p.add_argument("--json", default=None, metavar="OUT.json", help="write the report as JSON")
     p.add_argument("--batch", type=int, default=None, metavar="B", help="evaluation batch size")
-    for name, fam in registered.items():
-        fam.evaluation.add_arguments(p.add_argument_group(f"{name} options"))
     p.add_argument("overrides", nargs="*", help="config overrides (key=value, +experiment=NAME)")
-    return p
+
+
+COMMAND = FamilyCommand(
+    "python -m train.evaluate", __doc__, _add_common, lambda f: f.evaluation, overrides=True
+)
 
 
 def main(argv=None) -> dict:
-    registered = families.registered()
-    args = _parser(registered).parse_intermixed_args(argv)
     from train.distributed import quiet_tpu_probe
+    from train.source import source_family
 
     quiet_tpu_probe()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    given = vars(args)
-    options = {  # every family's options the command line set (the source's family takes them)
-        k: given[k]
-        for fam in registered.values()
-        for k, default in option_defaults(fam.evaluation).items()
-        if given[k] != default
-    }
-    save_dir = os.path.dirname(os.path.abspath(args.json)) if args.json else None
     try:
+        args, _, options = COMMAND.parse(argv, source_family)  # the source family's options
+        save_dir = os.path.dirname(os.path.abspath(args.json)) if args.json else None
         report, evaluation = _evaluate(
             args.source, step=args.step, data=args.data, batch=args.batch,
             overrides=args.overrides, save_dir=save_dir, progress=sys.stderr.isatty(), **options,

@@ -5,22 +5,20 @@
     python -m train.sample gpt2/model.safetensors --start "Hello, I'm a language model,"
 
 SOURCE is a run directory of this trainer (its latest checkpoint, or --step N) or a weights file
-of a family's original code base, opened by train.source.open_source on one device. The family of
-SOURCE generates, through its Sampler (train/task.py), and its options are listed below by family:
-GPT's is nanoGPT's sample.py (train/families/gpt/sample.py). Each sample is printed followed by
-nanoGPT's separator line.
+of a family's original code base, opened by train.source.open_source on one device. SOURCE's
+family generates, through its Sampler (train/task.py), and takes its own options (train/cli.py);
+`--help` lists them family by family: GPT's are nanoGPT's sample.py's
+(train/families/gpt/sample.py). Each sample is printed followed by nanoGPT's separator line.
 """
 
 from __future__ import annotations
 
-import argparse
-import inspect
-
 from models.state_dict import StateDictError, UnsafeCheckpointError
 from train import families
+from train.cli import FamilyCommand
 from train.distributed import quiet_tpu_probe
 from train.errors import ConfigError, exit_with
-from train.source import open_source
+from train.source import open_source, source_family
 
 SEPARATOR = "---------------"  # nanoGPT prints this line after each sample
 
@@ -29,36 +27,28 @@ class SampleError(ConfigError):
     """Bad input to `python -m train.sample`; the message is one line naming what is wrong."""
 
 
-def _parser(samplers: dict) -> argparse.ArgumentParser:
-    docs = [f"{name}: {inspect.getdoc(inspect.getmodule(s))}" for name, s in samplers.items()]
-    p = argparse.ArgumentParser(
-        prog="python -m train.sample",
-        description="\n\n".join([__doc__, *docs]),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def _add_common(p) -> None:
     p.add_argument("source", metavar="SOURCE")
     p.add_argument("--step", type=int, default=None, help="run directory: this checkpoint step")
-    for name, sampler in samplers.items():
-        sampler.add_arguments(p.add_argument_group(f"{name} options"))
-    return p
+
+
+COMMAND = FamilyCommand("python -m train.sample", __doc__, _add_common, lambda f: f.sampler)
 
 
 def main(argv=None) -> list[str]:
-    samplers = {n: f.sampler for n, f in families.registered().items() if f.sampler is not None}
-    args = _parser(samplers).parse_args(argv)
     quiet_tpu_probe()
     try:
-        for sampler in samplers.values():
-            sampler.prepare(args)
-        kinds = ("run", *(k for s in samplers.values() for k in s.kinds))
-        src = open_source(args.source, step=args.step, single_device=True, kinds=kinds)
-        sampler = families.family(src.cfg.task).sampler
-        if sampler is None:
+        args, fam, _ = COMMAND.parse(argv, source_family)
+        if fam.sampler is None:
+            samplers = [n for n, f in families.registered().items() if f.sampler is not None]
             raise SampleError(
-                f"{args.source}: a {src.cfg.task!r} run; train.sample samples "
-                f"{' or '.join(sorted(samplers))} runs only"
+                f"{args.source}: its model family has no sampler; train.sample samples "
+                f"{' or '.join(samplers)} runs only"
             )
-        texts = sampler.sample(src, args)
+        fam.sampler.prepare(args)
+        kinds = ("run", *fam.sampler.kinds)
+        src = open_source(args.source, step=args.step, single_device=True, kinds=kinds)
+        texts = fam.sampler.sample(src, args)
     except (ConfigError, FileNotFoundError, StateDictError, UnsafeCheckpointError) as e:
         exit_with(e, prefix="train.sample: ")
     for text in texts:

@@ -91,6 +91,26 @@ def open_source(
 
 
 # --- which kind ------------------------------------------------------------------------------
+def source_family(path: str):
+    """-> (name, Family) of the SOURCE at `path`, without building anything: a run directory's
+    config.yaml names it (`task:`, a registered name or a module path); a file is a checkpoint of
+    the registered family whose WeightsFile recognises it. SourceError when neither."""
+    weights, _ = _kind(path)
+    if weights is None:
+        config = epath.Path(path) / "config.yaml"
+        try:
+            task = OmegaConf.create(config.read_text()).get("task")
+        except Exception as e:  # a damaged config.yaml
+            raise SourceError(f"{config}: does not parse ({one_line(e)})") from e
+        if not isinstance(task, str):
+            raise SourceError(f"{config}: no `task:` (the model family of the run)")
+        try:
+            return task, families.family(task)
+        except ConfigError as e:
+            raise SourceError(f"{config}: {e}") from e
+    return next((n, f) for n, f in families.registered().items() if weights in f.weights_files)
+
+
 def _weights_files() -> list:
     """The WeightsFiles of every registered family, in FAMILIES order."""
     return [w for f in families.registered().values() for w in f.weights_files]

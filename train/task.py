@@ -43,6 +43,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from omegaconf import OmegaConf, open_dict
 
 from train import mesh as mesh_lib
+from train.errors import ConfigError
 
 
 def sync_processes(name: str) -> None:
@@ -65,6 +66,11 @@ def record_in_config(cfg, values: dict) -> None:
     with open_dict(cfg):
         for key, value in values.items():
             OmegaConf.update(cfg, key, value, force_add=True)
+
+
+class Unsupported(ConfigError):
+    """A command asked a family for a part it does not have (an optional hook of Task); one line
+    naming the family and the hook."""
 
 
 # A batch spec: key -> (global shape, numpy dtype, batch axis). The batch axis is sharded over the
@@ -171,14 +177,20 @@ class Task:
         GPT sample), every batch of the family's evaluation data through `eval_step`."""
         raise NotImplementedError
 
-    # --- weights in the original code base's format -------------------------------------------
+    # --- weights in the original code base's format (optional) -----------------------------------
     def import_weights(self, state, path: str):
-        """`state` with the model weights of a checkpoint of the original code base (init_from)."""
-        raise NotImplementedError
+        """`state` with the model weights of a checkpoint of the original code base
+        (`trainer.init_from`, and train.source for a family's WeightsFile). Default: Unsupported."""
+        raise Unsupported(
+            f"{self.cfg.task}: the family reads no checkpoint of an original code base (Task.import_weights)"
+        )
 
     def torch_checkpoint(self, state, meta: dict):
-        """What `torch.save` writes for `python -m train.export` (the original's format)."""
-        raise NotImplementedError
+        """What `torch.save` writes for `python -m train.export` (the original's format).
+        Default: Unsupported."""
+        raise Unsupported(
+            f"{self.cfg.task}: the family writes no checkpoint in an original code base's format (Task.torch_checkpoint)"
+        )
 
     # --- shared ---------------------------------------------------------------------------------
     def _setup(self):

@@ -105,6 +105,10 @@ class ToyTask(Task):
         model = ToyModel(self.model_cfg, rngs=nnx.Rngs(params=key))
         return init_train_state(model, self.optim)
 
+    def model(self, state):
+        """(model, optimizer) of `state`: the modules, for the sampler."""
+        return nnx.merge(self.graphdef, state)
+
     def train_step(self, state, batch):
         return train_step(self.graphdef, state, batch)
 

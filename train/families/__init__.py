@@ -3,19 +3,31 @@
     fam = family(cfg.task)                   # a train.task.Family: the Task and the commands' pieces
     task = make_task(cfg, mesh)              # backend check, jax x64 when needed, fam.task(cfg, mesh)
 
-FAMILIES names the families of this repository; each is a package whose `FAMILY` is a
-train.task.Family (train/families/gpt/, train/families/trm/). `task:` may also name such a package
-by its module path (`task: mylab.vit`), so a family kept outside train/ needs no line here; the
-line gives it a short name and lists it where a command offers every family (train.evaluate's and
-train.sample's options, the weight files train.source recognises). docs/architecture.md,
-"Adding a model family".
+Three ways name a family, looked up in this order:
+
+- FAMILIES: the families of this repository (train/families/gpt/, train/families/trm/), each a
+  package whose `FAMILY` is a train.task.Family;
+- an entry point of the group `trm_jax_port.families` in an installed distribution's metadata
+  (the ecosystem's plugin convention), so a family in a package of its own needs no edit here:
+
+      [project.entry-points."trm_jax_port.families"]
+      vit = "mylab.vit"              # the package whose FAMILY is a Family (or "mylab.vit:FAMILY")
+
+- a package's module path (`task: mylab.vit`), registered nowhere.
+
+The first two give the short name `task: vit` and list the family where a command offers every
+family (train.evaluate's and train.sample's --help, the weights files train.source recognises);
+a family named by its module path trains, resumes, evaluates, samples and exports the same.
+docs/architecture.md, "Adding a model family".
 
 Packages are imported when first asked for, so a command loads the families it uses.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+from importlib import metadata
 
 import jax
 
@@ -23,33 +35,59 @@ from train.errors import ConfigError
 from train.task import Family, Task
 
 FAMILIES: dict[str, str] = {"gpt": "train.families.gpt", "trm": "train.families.trm"}
+ENTRY_POINTS = "trm_jax_port.families"  # the entry-point group of families in other packages
+
+
+@functools.cache
+def _entry_points() -> dict[str, metadata.EntryPoint]:
+    """The families installed packages declare, by name (read once per process); ConfigError when
+    two declare one name or one takes a name of FAMILIES."""
+    found: dict[str, metadata.EntryPoint] = {}
+    for ep in metadata.entry_points(group=ENTRY_POINTS):
+        clash = FAMILIES.get(ep.name) or (found[ep.name].value if ep.name in found else None)
+        if clash is not None and clash != ep.value:
+            raise ConfigError(
+                f"family name {ep.name!r} is declared twice: {clash} and {ep.value} "
+                f"(an entry point of {ep.dist.name if ep.dist else 'an installed package'}); "
+                f"rename one of the {ENTRY_POINTS!r} entry points"
+            )
+        found.setdefault(ep.name, ep)
+    return found
+
+
+def names() -> dict[str, str]:
+    """Every registered family: short name -> its package (FAMILIES, then entry points)."""
+    return {**FAMILIES, **{n: ep.value for n, ep in _entry_points().items()}}
 
 
 def family(name: str) -> Family:
-    """The Family of `cfg.task`: a name of FAMILIES or a package's module path."""
-    module_name = FAMILIES.get(name) or (name if "." in name else None)
+    """The Family of `cfg.task`: a registered name (FAMILIES, an entry point) or a package's
+    module path ("package" or "package:ATTRIBUTE")."""
+    module_name = names().get(name) or (name if "." in name else None)
     if module_name is None:
         raise ConfigError(
-            f"task must be one of {sorted(FAMILIES)} or the module path of a family package "
+            f"task must be one of {sorted(names())} or the module path of a family package "
             f"(one with FAMILY = train.task.Family(...)), got {name!r}"
         )
+    module_name, _, attribute = module_name.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         if e.name is None or not (module_name + ".").startswith(e.name + "."):
             raise  # the package exists; something it imports is missing
         raise ConfigError(f"task={name!r}: no module {module_name} (a family package)") from e
-    found = getattr(module, "FAMILY", None)
+    found = getattr(module, attribute or "FAMILY", None)
     if not isinstance(found, Family):
         raise ConfigError(
-            f"task={name!r}: {module_name} has no FAMILY = train.task.Family(task=...)"
+            f"task={name!r}: {module_name} has no {attribute or 'FAMILY'} = "
+            "train.task.Family(task=...)"
         )
     return found
 
 
 def registered() -> dict[str, Family]:
-    """Every family of FAMILIES, by name (the ones a command lists)."""
-    return {name: family(name) for name in FAMILIES}
+    """Every registered family, by name (the ones a command lists)."""
+    return {name: family(name) for name in names()}
 
 
 def make_task(cfg, mesh, *, need_data: bool = True) -> Task:
