@@ -1,7 +1,7 @@
 """Our PyTorch nanoGPT, written for this project (not copied from nanoGPT).
 
 Module names, parameter names, shapes, init and state_dict keys are nanoGPT's, so a real nanoGPT
-checkpoint loads with `load_state_dict` unchanged and `models.gpt.to_torch` output loads strictly.
+checkpoint loads with `load_state_dict` unchanged and `parity.gpt_params.to_torch` output loads strictly.
 Two attention paths as in nanoGPT: flash (F.scaled_dot_product_attention, the default) and manual
 (masked softmax + attn_dropout, with the `attn.bias` mask buffer in the state_dict); pick with
 `GPTConfig.flash`. Also: configure_optimizers, get_lr, clip (torch's own clip_grad_norm_),

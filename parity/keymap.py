@@ -331,9 +331,11 @@ class KeyMap:
             raise StateDictError(f"{source} does not match the model: " + self.report())
         return self
 
-    def load(self, model, state_dict: Mapping) -> None:
+    def load(self, model, state_dict: Mapping, *, device: bool = True) -> None:
         """Write the torch values into the model's variables (torch dtype for floating values,
-        the variable's own dtype for integer ones)."""
+        the variable's own dtype for integer ones). `device=False` leaves them numpy arrays
+        (C-contiguous copies): no device transfer, and no XLA program compiled per new shape,
+        which jnp.asarray costs (a converter that builds many models)."""
         import jax.numpy as jnp
 
         for e in self.entries:
@@ -341,7 +343,8 @@ class KeyMap:
             value = _to_nnx(to_numpy(state_dict[e.torch_key]), e, var.get_value().shape)
             if not np.issubdtype(value.dtype, np.floating) and value.dtype.name != "bfloat16":
                 value = value.astype(var.get_value().dtype)
-            var.set_value(jnp.asarray(np.array(value)))  # a copy; 0-d stays 0-d
+            value = np.array(value, order="C")  # a copy; 0-d stays 0-d
+            var.set_value(jnp.asarray(value) if device else value)
 
     def to_torch(self, flat: Mapping[tuple, object]) -> dict[str, np.ndarray]:
         """NNX arrays by path tuple (a model's state, or its gradients) -> torch keys and
@@ -484,7 +487,8 @@ def build_keymap(
                 km.entries.append(entry)
             used.add(path)
     _resolve_ties(km, described, unmatched)
-    km.missing = sorted(dotted(path) for path, _ in variables.values() if path not in used)
+    # named as torch would name them (`rename` applied): the keys the port expected
+    km.missing = sorted(name for name, (path, _) in variables.items() if path not in used)
     return km
 
 

@@ -1,7 +1,7 @@
 """`python -m parity gpt [--dtype float32|float64|bfloat16]`: nanoGPT module-by-module parity.
 
 Builds a small nanoGPT in PyTorch (parity/gpt_torch.py), copies its weights into the NNX port with
-`models.gpt.from_torch`, runs one batch through both and prints, for every module output
+`parity.gpt_params.from_torch`, runs one batch through both and prints, for every module output
 (embeddings, each block's ln_1 / attn / ln_2 / mlp, ln_f, logits, loss), the largest absolute and
 relative difference against the tolerance for that dtype. Exit status 1 if any row fails.
 
@@ -22,10 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from models.gpt import GPTConfig, from_torch
+from models.gpt import GPTConfig
 from parity import gpt_torch
 from parity.capture import capture_nnx, capture_torch, prefix_rename
 from parity.compare import BFLOAT16, FLOAT32, FLOAT64, compare, format_table
+from parity.gpt_params import from_torch
 from parity.keymap import param_dtype
 
 TOLERANCES = {"float64": FLOAT64, "float32": FLOAT32, "bfloat16": BFLOAT16}
@@ -77,7 +78,7 @@ def torch_factory():
 
 
 def nnx_factory(torch_module):
-    """NNX_FACTORY: the port through its own converter (models/gpt/params.py), in torch's dtype."""
+    """NNX_FACTORY: the port through its own converter (parity/gpt_params.py), in torch's dtype."""
     cfg = GPTConfig(**SMALL, dtype=param_dtype(torch_module))
     return from_torch(torch_module.state_dict(), cfg)
 

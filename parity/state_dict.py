@@ -1,6 +1,6 @@
-"""State_dict arrays and key checks without torch: what the parity toolkit and the project's
-converters (models/state_dict.py re-exports these names) both need, owned here so the toolkit
-imports nothing from the project's models/, train/ or data/.
+"""State_dict arrays and key checks without torch: what the parity toolkit, its key maps and the
+commands that open checkpoints all need; it imports nothing from the project's models/, train/
+or data/.
 
 A state_dict here is any mapping from key to array-like: torch tensors (converted by duck typing,
 so this module never imports torch), numpy arrays or JAX arrays.

@@ -63,7 +63,7 @@ def make_pair(config, seed: int = 0, *, q_bias: float | None = None):
     """
     import torch
 
-    from models.trm import from_torch
+    from parity.trm_params import from_torch
     from parity.trm_torch import ACTLossHead, build_model
 
     torch.manual_seed(seed)

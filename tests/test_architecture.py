@@ -182,7 +182,7 @@ def _family_names() -> set[str]:
 # Torch-free modules the parity toolkit owns and the project shares with it (the toolkit runs in
 # users' projects, so it may import nothing of ours; what both need lives in the toolkit): not a
 # family's code, and checked to import neither torch nor the project below.
-SHARED_TOOLKIT = ("parity.backend", "parity.state_dict")
+SHARED_TOOLKIT = ("parity.backend", "parity.files", "parity.state_dict")
 
 
 def family_leaks(module: str, source: str, imports: set[str], names: set[str]) -> list[str]:
@@ -255,15 +255,24 @@ def test_the_generic_check_can_fail():
 
 
 def test_the_shared_toolkit_modules_import_no_torch_and_nothing_of_the_project():
+    """Nothing of the project at any level; torch only inside a function (parity.files reads a
+    .pt file with it), so importing them never loads torch."""
     for name in SHARED_TOOLKIT:
         path = ROOT.joinpath(*name.split(".")).with_suffix(".py")
-        imported = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported, top = set(), set()
+        for node in ast.walk(tree):
             if isinstance(node, ast.Import):
-                imported |= {a.name.split(".")[0] for a in node.names}
+                names = {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                imported.add(node.module.split(".")[0])
-        assert not imported & {"torch", "models", "train", "data"}, (name, imported)
+                names = {node.module.split(".")[0]}
+            else:
+                continue
+            imported |= names
+            if node in tree.body:
+                top |= names
+        assert not imported & {"models", "train", "data"}, (name, imported)
+        assert "torch" not in top, (name, top)
 
 
 # --- one step, frame by frame ---------------------------------------------------------------------
@@ -315,3 +324,46 @@ def test_one_trm_step_is_eight_frames_of_project_code(tmp_path, monkeypatch):
     ]
     ours.append(("models/trm/models.py", "__call__"))  # the recorded call itself
     assert ours == ONE_STEP, "\n".join(f"{p}:{n}" for p, n in ours)
+
+
+# --- models/ stands alone -------------------------------------------------------------------------
+# What models/ may import besides itself and the standard library: the JAX stack.
+MODELS_MAY_IMPORT = {"jax", "flax", "optax", "numpy", "einops"}
+
+
+def test_models_stand_alone():
+    """Every import statement under models/, at any level, read with ast: the standard library,
+    the JAX stack and models/ itself, nothing else (no torch, safetensors, parity, train, data), so
+    `models/<family>/` copies out of the repository alone (docs/architecture.md)."""
+    import sys
+
+    bad = []
+    for path in sorted((ROOT / "models").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if (
+                    top
+                    not in {"models", "__future__"} | MODELS_MAY_IMPORT | sys.stdlib_module_names
+                ):
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_cycle_between_top_level_packages():
+    """The packages import one another in one direction only: models/ and data/ import none of
+    the others, parity/ the two of them, train/ those three, launch/ and bench/ on top."""
+    layers = {"models": 0, "data": 0, "parity": 1, "train": 2, "launch": 3, "bench": 3}
+    upward = sorted(
+        f"{m} imports {t}"
+        for m, targets in import_graph().items()
+        for t in targets
+        if (a := m.split(".")[0]) != (b := t.split(".")[0]) and layers[b] >= layers[a]
+    )
+    assert not upward, upward

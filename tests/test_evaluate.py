@@ -309,7 +309,7 @@ def _copy_model_checkpoint(path: str, num_puzzle_identifiers: int, arch: dict) -
     from flax import nnx
 
     from models.trm import TRM, TRMConfig
-    from models.trm.params import to_torch
+    from parity.trm_params import to_torch
 
     cfg = TRMConfig(batch_size=8, seq_len=900, vocab_size=12,
                     num_puzzle_identifiers=num_puzzle_identifiers, **arch)  # fmt: skip

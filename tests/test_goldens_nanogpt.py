@@ -24,22 +24,14 @@ import optax
 import pytest
 from flax import nnx
 
-from models.gpt import (
-    GPTConfig,
-    configure_optimizers,
-    from_torch,
-    generate,
-    get_lr,
-    to_numpy_state_dict,
-    top_k_filter,
-    train_step,
-)
+from models.gpt import GPTConfig, configure_optimizers, generate, get_lr, top_k_filter, train_step
 from models.gpt.train_step import lr_schedule
-from models.state_dict import COMPILE_PREFIX
 from parity import machine
 from parity.compare import EXACT, FLOAT32, FLOAT64, assert_all_close, assert_close
 from parity.envelope import Envelope
+from parity.files import COMPILE_PREFIX
 from parity.goldens.common import load_npz
+from parity.gpt_params import from_torch, to_numpy_state_dict
 
 GOLDENS = Path(__file__).parent / "goldens" / "nanogpt"
 MANIFEST = json.loads((GOLDENS / "manifest.json").read_text())["nanogpt"]

@@ -3,7 +3,7 @@
 says what is in them and how they were made).
 
 The fixtures hold upstream's float32 state_dict as pretrain.py saves it (`_orig_mod.` keys); the
-port loads it through `models.trm.from_torch`, the reference through `load_state_dict`. Then, per
+port loads it through `parity.trm_params.from_torch`, the reference through `load_state_dict`. Then, per
 ACT step of an eval rollout and of a train rollout (a new batch every step; upstream's exploration
 draws replayed through parity.trm_draws) and for one gradient step:
 
@@ -41,11 +41,12 @@ torch = pytest.importorskip("torch")
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from models.trm import TRMConfig, from_torch, to_torch  # noqa: E402
+from models.trm import TRMConfig  # noqa: E402
 from parity import machine  # noqa: E402
 from parity.compare import EXACT, FLOAT64, assert_close, compare  # noqa: E402
 from parity.envelope import Envelope, assert_within_envelope  # noqa: E402
 from parity.goldens.common import load_npz  # noqa: E402
+from parity.trm_params import from_torch, to_torch  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "goldens" / "trm"
 VARIANTS = ("mlp_t", "att", "learned", "hrm")

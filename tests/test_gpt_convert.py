@@ -8,10 +8,12 @@ import pytest
 
 torch = pytest.importorskip("torch")  # the reference side: torch-free installs skip this module
 
-from models.gpt import GPTConfig, from_torch, from_torch_file, to_torch  # noqa: E402
-from models.state_dict import COMPILE_PREFIX, StateDictError, UnsafeCheckpointError  # noqa: E402
+from models.gpt import GPTConfig  # noqa: E402
 from parity import gpt_torch  # noqa: E402
 from parity.compare import EXACT, FLOAT32, FLOAT64, assert_all_close, assert_close, compare  # noqa: E402
+from parity.files import COMPILE_PREFIX, UnsafeCheckpointError  # noqa: E402
+from parity.gpt_params import from_torch, from_torch_file, to_torch  # noqa: E402
+from parity.state_dict import StateDictError  # noqa: E402
 
 TINY = dict(block_size=16, vocab_size=65, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True)
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -120,7 +122,7 @@ def test_safetensors_gpt2_file_loads_with_tanh_gelu(tmp_path, x64):
     path = tmp_path / "model.safetensors"
     save_file({k: v.detach().float().contiguous().clone() for k, v in hf.items()}, str(path))
     # the torch reference reads the same file (HF -> nanoGPT keys written out here, independently
-    # of models/gpt/params.py): Conv1D transposed back, buffers dropped, lm_head tied to wte
+    # of parity/gpt_params.py): Conv1D transposed back, buffers dropped, lm_head tied to wte
     ref = gpt_torch.GPT(gpt_torch.GPTConfig(**TINY, gelu_approximate=True)).eval()
     nano = {
         "transformer." + k: (v.t() if k.endswith(CONV1D) else v)

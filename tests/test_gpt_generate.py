@@ -13,9 +13,10 @@ from flax import nnx
 
 torch = pytest.importorskip("torch")  # the reference side: torch-free installs skip this module
 
-from models.gpt import GPT, GPTConfig, from_torch, generate, top_k_filter  # noqa: E402
+from models.gpt import GPT, GPTConfig, generate, top_k_filter  # noqa: E402
 from parity import gpt_torch  # noqa: E402
 from parity.compare import EXACT, MASKED_EXACT, assert_close  # noqa: E402
+from parity.gpt_params import from_torch  # noqa: E402
 
 TINY = dict(block_size=16, vocab_size=65, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True)
 

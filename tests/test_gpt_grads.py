@@ -8,9 +8,9 @@ from flax import nnx
 
 torch = pytest.importorskip("torch")  # the reference side: torch-free installs skip this module
 
-from models.gpt import to_torch  # noqa: E402
 from parity import report_gpt  # noqa: E402
 from parity.compare import FLOAT32, FLOAT64, assert_all_close  # noqa: E402
+from parity.gpt_params import to_torch  # noqa: E402
 
 TINY = dict(block_size=16, vocab_size=65, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True)
 

@@ -11,8 +11,9 @@ from flax import nnx
 
 torch = pytest.importorskip("torch")  # the reference side: torch-free installs skip this module
 
-from models.gpt import GPT, GPTConfig, to_torch  # noqa: E402
+from models.gpt import GPT, GPTConfig  # noqa: E402
 from parity import gpt_torch  # noqa: E402
+from parity.gpt_params import to_torch  # noqa: E402
 
 CFG = dict(block_size=128, vocab_size=512, n_layer=4, n_head=4, n_embd=128, dropout=0.0, bias=True)
 

@@ -13,18 +13,12 @@ from flax import nnx
 
 torch = pytest.importorskip("torch")  # the reference side: torch-free installs skip this module
 
-from models.gpt import (  # noqa: E402
-    clip_by_global_norm,
-    configure_optimizers,
-    decay_mask,
-    from_torch,
-    to_torch,
-    train_step,
-)
+from models.gpt import clip_by_global_norm, configure_optimizers, decay_mask, train_step  # noqa: E402
 from models.gpt.train_step import lr_schedule  # noqa: E402
 from parity import gpt_torch, report_gpt  # noqa: E402
 from parity.compare import FLOAT64, assert_all_close, assert_close  # noqa: E402
 from parity.envelope import assert_within_envelope, measure_envelope, perturbed_copies  # noqa: E402
+from parity.gpt_params import from_torch, to_torch  # noqa: E402
 
 TINY = dict(block_size=16, vocab_size=65, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True)
 LR = dict(learning_rate=3e-3, warmup_iters=5, lr_decay_iters=15, min_lr=3e-4)  # all 3 phases

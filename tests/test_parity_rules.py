@@ -204,7 +204,7 @@ def test_bfloat16_diff_names_a_wrong_port():
 
 TOOLKIT = (
     "__init__.py", "__main__.py", "backend.py", "capture.py", "check.py", "compare.py", "diff.py",
-    "envelope.py", "keymap.py", "layers.py", "machine.py", "state_dict.py", "steps.py",
+    "envelope.py", "files.py", "keymap.py", "layers.py", "machine.py", "state_dict.py", "steps.py",
     "goldens/__init__.py",
     "goldens/common.py", "goldens/module.py",
 )  # fmt: skip
@@ -226,7 +226,7 @@ def test_the_toolkit_imports_nothing_of_models_train_data():
 def test_toolkit_list_covers_the_package():
     """A new toolkit module is listed above (reference implementations and reports are not
     toolkit: they may import the project's models)."""
-    project = {"gpt_torch.py", "report_gpt.py", "report_trm.py", "trm_fixtures.py"}
+    project = {"gpt_torch.py", "gpt_params.py", "report_gpt.py", "report_trm.py", "trm_fixtures.py"}
     files = {
         str(p.relative_to(REPO / "parity"))
         for p in (REPO / "parity").rglob("*.py")

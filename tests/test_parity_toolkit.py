@@ -20,7 +20,6 @@ from flax import nnx
 
 torch = pytest.importorskip("torch")
 
-from models.state_dict import StateDictError  # noqa: E402
 from parity import diff as diff_cli  # noqa: E402
 from parity import machine  # noqa: E402
 from parity.capture import capture_nnx, capture_torch, nnx_hooks, prefix_rename  # noqa: E402
@@ -28,6 +27,7 @@ from parity.check import compare_calls, format_report  # noqa: E402
 from parity.compare import EXACT, FLOAT32, FLOAT64, assert_close  # noqa: E402
 from parity.goldens import module as goldens  # noqa: E402
 from parity.keymap import build_keymap, describe_torch, load_torch  # noqa: E402
+from parity.state_dict import StateDictError  # noqa: E402
 from parity.steps import SGD  # noqa: E402
 from tests.helpers import REPO  # noqa: E402
 from tests.parity_ports import ConvBN  # noqa: E402
@@ -39,9 +39,10 @@ from tests.test_parity_conv_bn import torch_conv_bn  # noqa: E402
 def test_rules_reproduce_the_nanogpt_converter():
     """By rule alone (Linear transposed to `kernel`, LayerNorm weight -> scale, Embedding ->
     `embedding`, `transformer.` flattened by a rename, lm_head tied to wte) the toolkit fills a
-    GPT exactly as models.gpt.from_torch does, and maps it back to the same state_dict."""
-    from models.gpt import GPT, GPTConfig, from_torch
+    GPT exactly as parity.gpt_params.from_torch does, and maps it back to the same state_dict."""
+    from models.gpt import GPT, GPTConfig
     from parity import gpt_torch
+    from parity.gpt_params import from_torch
 
     cfg = dict(block_size=8, vocab_size=11, n_layer=2, n_head=2, n_embd=8, dropout=0.0, bias=True)
     torch.manual_seed(0)
@@ -61,8 +62,9 @@ def test_rules_reproduce_the_nanogpt_converter():
 
 def test_rules_reproduce_the_trm_converter():
     """TRM keeps torch's names and layouts (CastedLinear `weight` (out, in)): rule 1, a copy."""
-    from models.trm import TRM, from_torch
+    from models.trm import TRM
     from parity.trm_fixtures import make_pair, tiny_config
+    from parity.trm_params import from_torch
 
     cfg = tiny_config("att")
     head, expected = make_pair(cfg)

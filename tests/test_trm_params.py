@@ -1,13 +1,15 @@
-"""Converters (models.trm.from_torch / to_torch), variable kinds and parameter counts."""
+"""Converters (parity.trm_params.from_torch / to_torch), variable kinds and parameter counts."""
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from models.state_dict import COMPILE_PREFIX, StateDictError, UnsafeCheckpointError, load_file
-from models.trm import TRM, LatentInit, PuzzleTable, TRMConfig, from_torch, to_torch
+from models.trm import TRM, LatentInit, PuzzleTable, TRMConfig
 from parity.compare import EXACT, assert_all_close
+from parity.files import COMPILE_PREFIX, UnsafeCheckpointError, load_file
+from parity.state_dict import StateDictError
+from parity.trm_params import from_torch, to_torch
 
 torch = pytest.importorskip("torch")
 
@@ -60,7 +62,7 @@ def test_state_dict_errors_list_every_key():
     for part in (
         "missing keys (1): model.inner.lm_head.weight",
         "unexpected keys (1): model.inner.extra.weight",
-        "model.inner.q_head.bias: got (3,), expected (2,)",
+        "model.inner.q_head.bias: torch (3,), port inner.q_head.bias (2,)",
     ):
         assert part in msg, msg
 

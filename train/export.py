@@ -8,7 +8,7 @@ sample.py / train.py init_from='resume' (optimizer state is not converted: `opti
 TRM: the state_dict upstream saves (the EMA model when ema=True, as upstream's checkpoints).
 SOURCE is anything train.source.open_source opens (a run directory, local or gs://, usually).
 Importing goes the other way with `trainer.init_from=PATH` (nanoGPT ckpt.pt, HF GPT-2 file,
-upstream TRM checkpoint), through models.gpt.from_torch / models.trm.from_torch.
+upstream TRM checkpoint), through parity.gpt_params.from_torch / parity.trm_params.from_torch.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ family generates, through its Sampler (train/task.py), and takes its own options
 
 from __future__ import annotations
 
-from models.state_dict import StateDictError, UnsafeCheckpointError
+from parity.files import UnsafeCheckpointError
+from parity.state_dict import StateDictError
 from train import families
 from train.cli import FamilyCommand
 from train.distributed import quiet_tpu_probe

@@ -128,7 +128,8 @@ def _kind(path: str):
         return None, None
     if not os.path.isfile(path):
         raise SourceError(f"{path}: no such file or run directory")
-    from models.state_dict import StateDictError, UnsafeCheckpointError, load_file
+    from parity.files import UnsafeCheckpointError, load_file
+    from parity.state_dict import StateDictError
 
     candidates = _weights_files()
     expected = ", ".join(["a run directory", *(w.description for w in candidates)])

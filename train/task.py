@@ -281,7 +281,7 @@ class WeightsFile:
     description = ""  # in messages, e.g. "a nanoGPT ckpt.pt"
 
     def detect(self, path: str, loaded) -> bool:
-        """Whether the file at `path` (`loaded`: models.state_dict.load_file's result) is one."""
+        """Whether the file at `path` (`loaded`: parity.files.load_file's result) is one."""
         raise NotImplementedError
 
     def open(self, path: str, loaded, data: str | None, overrides: list[str]) -> Opened:

@@ -1,10 +1,12 @@
-"""nanoGPT (karpathy/nanoGPT) in Flax NNX, with the weight map and nanoGPT's optimisation math.
+"""nanoGPT (karpathy/nanoGPT) in Flax NNX, with nanoGPT's optimisation math.
 
-    from models.gpt import GPT, GPTConfig, from_torch_file, generate
-    model = from_torch_file("out-shakespeare-char/ckpt.pt")   # nanoGPT checkpoint, unchanged
+    from models.gpt import GPT, GPTConfig, generate, preset
+    model = GPT(preset("shakespeare_char"), rngs=nnx.Rngs(0))   # nanoGPT's init
     model.eval()
     tokens = generate(model, idx, 100, temperature=0.8, top_k=200, rngs=nnx.Rngs(sample=0))
 
+nanoGPT's checkpoints load through the key map beside the toolkit (parity/gpt_params.py:
+`from_torch_file("out-shakespeare-char/ckpt.pt")`): this package imports only the JAX stack.
 Parity with our PyTorch nanoGPT (parity/gpt_torch.py) is proven by tests/test_gpt_*.py; the
 chapter docs/porting_nanogpt.md lists each construct and its test.
 """
@@ -22,7 +24,6 @@ from models.gpt.modeling import (
     preset,
     top_k_filter,
 )
-from models.gpt.params import from_torch, from_torch_file, to_numpy_state_dict, to_torch
 from models.gpt.train_step import (
     clip_by_global_norm,
     configure_optimizers,
@@ -44,14 +45,10 @@ __all__ = [
     "configure_optimizers",
     "cross_entropy",
     "decay_mask",
-    "from_torch",
-    "from_torch_file",
     "generate",
     "get_lr",
     "loss_and_grads",
     "preset",
-    "to_numpy_state_dict",
-    "to_torch",
     "top_k_filter",
     "train_step",
 ]

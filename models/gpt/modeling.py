@@ -2,7 +2,7 @@
 
 Read beside parity/gpt_torch.py (our PyTorch nanoGPT): module and attribute names are the same, so
 the torch state_dict key `transformer.h.0.attn.c_attn.weight` is `model.h[0].attn.c_attn.kernel`
-here (transposed: torch Linear stores (out, in), nnx (in, out)); see models/gpt/params.py.
+here (transposed: torch Linear stores (out, in), nnx (in, out)); see parity/gpt_params.py.
 
 Mixed precision follows torch autocast (what nanoGPT trains with): parameters in float32, matmuls
 in the compute dtype (`GPTConfig.dtype`), LayerNorm / softmax / cross-entropy in float32, the

@@ -6,8 +6,8 @@
     carry, outputs = model(carry, batch)              # one ACT step
     loss, metrics = act_loss(carry, outputs)           # upstream ACTLossHead
 
-Files mirror parity/trm_torch/ (layers.py, models.py, losses.py); config.py, params.py (the key
-map), optim.py and train_step.py are the port's own. `TRM` / `TRMCarry` are upstream's
+Files mirror parity/trm_torch/ (layers.py, models.py, losses.py); config.py, optim.py and
+train_step.py are the port's own; the key map to upstream's checkpoints is parity/trm_params.py. `TRM` / `TRMCarry` are upstream's
 TinyRecursiveReasoningModel_ACTV1 / ..._ACTV1Carry. Trainable weights are nnx.Param; H_init/L_init
 are `LatentInit` and the puzzle table is `PuzzleTable` (neither is trained by AdamATan2 nor
 averaged by the EMA). See docs/porting_trm.md.
@@ -22,7 +22,6 @@ from models.trm.models import (
     TinyRecursiveReasoningModel_ACTV1Carry,
     TRMCarry,
 )
-from models.trm.params import from_torch, to_torch
 
 __all__ = [
     "TRM",
@@ -33,6 +32,4 @@ __all__ = [
     "LatentInit",
     "PuzzleTable",
     "act_loss",
-    "from_torch",
-    "to_torch",
 ]

@@ -5,7 +5,7 @@
     train step       models/gpt/train_step.py: AdamW groups, get_lr, clipping, accumulation
     eval step        models/gpt/eval_step.py: the loss with dropout off; estimate_loss over
                      eval_iters batches + a sample
-    weights          nanoGPT ckpt.pt / HF GPT-2 in, nanoGPT ckpt.pt out (models/gpt/params.py)
+    weights          nanoGPT ckpt.pt / HF GPT-2 in, nanoGPT ckpt.pt out (parity/gpt_params.py)
 
 Semantics of nanoGPT's train.py: AdamW with decay on ndim >= 2, warmup + cosine `get_lr` read from
 the optimizer's update count, global-norm clipping with torch's 1e-6, `gradient_accumulation_steps`
@@ -25,10 +25,11 @@ from flax import nnx
 from omegaconf import OmegaConf
 
 from data.text_source import eval_dataset
-from models.gpt import GPT, GPTConfig, from_torch_file, generate, to_torch
+from models.gpt import GPT, GPTConfig, generate
 from models.gpt.eval_step import eval_graphdef, eval_step
 from models.gpt.flops import gpt_flops_per_step
 from models.gpt.train_step import GPTOptimConfig, init_train_state, train_step
+from parity.gpt_params import from_torch_file, to_torch
 from train.config import build_dataclass, check_fields, check_ranges
 from train.errors import ConfigError
 from train.families.gpt.data import (

@@ -5,7 +5,7 @@
                      data.build names a builder
     train step       models/trm/train_step.py: one ACT step on the persistent carry
     eval step        models/trm/eval_step.py: a fresh carry, halt_max_steps ACT steps, EMA weights
-    weights          upstream TRM state_dicts in and out (models/trm/params.py)
+    weights          upstream TRM state_dicts in and out (parity/trm_params.py)
 
 Upstream pretrain.py's semantics: one optimizer step per ACT step on a carry that persists across
 batches (part of the trainer state, sharded like the batch, donated and checkpointed), halted slots
@@ -30,15 +30,15 @@ from tqdm import tqdm
 
 from data.arc_eval import ARCEvaluator
 from data.puzzle_source import PuzzleTestDataset, PuzzleTrainDataset
-from models.state_dict import load_file
 from models.trm import TRM, TRMConfig
 from models.trm.eval_step import LatentNoise, eval_step
 from models.trm.flops import trm_flops_per_step
 from models.trm.losses import normalize_metrics
 from models.trm.optim import total_steps as schedule_steps
-from models.trm.params import from_torch, to_torch
 from models.trm.scaling import prefix_ks, trajectories_step
 from models.trm.train_step import TRMOptimConfig, ema_model, init_train_state, train_step
+from parity.files import load_file
+from parity.trm_params import from_torch, to_torch
 from train import mesh as mesh_lib
 from train.config import build_dataclass, check_fields, check_ranges
 from train.errors import ConfigError

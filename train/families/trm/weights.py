@@ -11,7 +11,7 @@ import os
 import yaml
 from omegaconf import open_dict
 
-from models.trm.params import PUZZLE_KEY
+from parity.trm_params import PUZZLE_KEY
 from train.families.trm.data import test_metadata
 from train.source import SourceError, compose_for, has_experiment, validate_for
 from train.task import Opened, WeightsFile

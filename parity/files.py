@@ -1,9 +1,9 @@
-"""Reading and checking PyTorch state_dicts without depending on torch.
+"""Checkpoint files read without ever unpickling code: `load_file` (.pt / .pth / .bin through
+`torch.load(weights_only=True)`, torch imported only for those; .safetensors without torch), and
+the `_orig_mod.` prefix torch.compile gives every key (`COMPILE_PREFIX`, `strip_prefix`).
 
-Shared by every converter (`models.gpt.from_torch`, `models.trm.from_torch`). A state_dict here is
-any mapping from key to array-like: torch tensors (converted by duck typing, so this module never
-imports torch), numpy arrays or JAX arrays. The key checks and `to_numpy` are the parity
-toolkit's (parity/state_dict.py, torch-free), re-exported here for the converters.
+Shared by the key maps (parity/gpt_params.py, parity/trm_params.py) and the commands that open an
+original code base's checkpoint (train.source).
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from __future__ import annotations
 import os
 import pickle
 from collections.abc import Mapping
-
-from parity.state_dict import StateDictError, check_keys, to_numpy  # noqa: F401 (re-exported)
 
 COMPILE_PREFIX = (
     "_orig_mod."  # torch.compile wraps the module; its state_dict keys gain this prefix
@@ -48,7 +46,7 @@ def load_file(path: str | os.PathLike) -> dict:
 
             return dict(_load_st_torch(path))
     try:
-        import torch  # lazy: models/ never imports torch at module level (.pt files only)
+        import torch  # lazy: only a torch file needs torch
     except ImportError as e:  # pragma: no cover - exercised only without the parity extra
         raise ImportError(
             f"reading the torch file {path} needs torch: pip install -e '.[parity]' "

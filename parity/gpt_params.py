@@ -1,14 +1,15 @@
-"""The nanoGPT <-> NNX weight map: `from_torch`, `to_torch`, `from_torch_file`.
+"""The nanoGPT <-> NNX weight map: `from_torch`, `to_torch`, `from_torch_file`, built with the
+toolkit's own rules (parity/keymap.py) from nanoGPT's module tree (`describe_nanogpt`):
 
-Rules (one line each):
-- torch `transformer.X` is `model.X` (the ModuleDict is flattened in the port);
-- Linear `weight` (out, in) -> `kernel` (in, out): transposed;
+- torch `transformer.X` is the port's `X` (the ModuleDict is flattened: one `rename`);
+- Linear `weight` (out, in) -> `kernel` (in, out): transposed (keymap's Linear rule);
 - LayerNorm `weight` -> `scale`; Embedding `weight` -> `embedding`; biases copy as is;
-- `lm_head.weight` is tied to `transformer.wte.weight`: read from wte, written under both names;
+- `lm_head.weight` is tied to `transformer.wte.weight` (the same storage): read from wte,
+  written under both names;
 - `_orig_mod.` (torch.compile) is stripped; a ckpt.pt dict is unwrapped via its 'model' entry;
-- HF GPT-2 (Conv1D) stores the four projection weights already as (in, out): copied, not
-  transposed; its `attn.bias` / `attn.masked_bias` buffers (and nanoGPT's manual-attention mask
-  buffer `attn.bias`) are ignored.
+- HF GPT-2 (Conv1D) stores the four projection weights already as (in, out): they are brought to
+  Linear's (out, in) first; its `attn.bias` / `attn.masked_bias` buffers (and nanoGPT's
+  manual-attention mask buffer `attn.bias`) are ignored.
 
 HF GPT-2 weights (GPT2Model / GPT2LMHeadModel state_dicts, the hub's model.safetensors) were
 trained with the tanh-approximate GELU ("gelu_new"): load them with GPTConfig(gelu_approximate=True).
@@ -28,49 +29,63 @@ import numpy as np
 from flax import nnx
 
 from models.gpt.modeling import GPT, GPTConfig, abstract_gpt
-from models.state_dict import (
-    COMPILE_PREFIX,
-    StateDictError,
-    check_keys,
-    load_file,
-    strip_prefix,
-    to_numpy,
-)
+from parity.capture import prefix_rename
+from parity.files import COMPILE_PREFIX, load_file, strip_prefix
+from parity.keymap import KeyMap, TorchKey, build_keymap
+from parity.state_dict import StateDictError, check_keys, to_numpy
 
 _BUFFERS = (".attn.bias", ".attn.masked_bias")
 _LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 
 
-def _key_map(cfg: GPTConfig) -> dict[str, tuple[tuple, tuple[int, ...], bool]]:
-    """torch key -> (path of the nnx Variable, torch shape, transposed?)."""
+def describe_nanogpt(cfg: GPTConfig) -> list[TorchKey]:
+    """nanoGPT's state_dict as keymap.describe_torch describes its module (key, module classes,
+    shape, tie, enclosing modules), from the config alone: no torch needed
+    (tests/test_gpt_convert.py compares it with describe_torch of parity.gpt_torch.GPT)."""
     C, V, T = cfg.n_embd, cfg.vocab_size, cfg.block_size
-    m = {
-        "transformer.wte.weight": (("wte", "embedding"), (V, C), False),
-        "transformer.wpe.weight": (("wpe", "embedding"), (T, C), False),
-    }
     shapes = {"attn.c_attn": (3 * C, C), "attn.c_proj": (C, C), "mlp.c_fc": (4 * C, C)}
     shapes["mlp.c_proj"] = (C, 4 * C)
+    top = (("", ("GPT",)), ("transformer", ("ModuleDict",)))
+    out = [
+        TorchKey("transformer.wte.weight", ("Embedding",), (V, C), outer=top),
+        TorchKey("transformer.wpe.weight", ("Embedding",), (T, C), outer=top),
+    ]
     for i in range(cfg.n_layer):
-        p = f"transformer.h.{i}."
+        p = f"transformer.h.{i}"
+        block = (*top, ("transformer.h", ("ModuleList",)), (p, ("Block",)))
         for mod in ("ln_1", *_LINEARS[:2], "ln_2", *_LINEARS[2:]):  # nanoGPT's key order
-            path = ("h", i, *mod.split("."))
-            if mod.startswith("ln_"):
-                m[p + mod + ".weight"] = ((*path, "scale"), (C,), False)
-            else:
-                m[p + mod + ".weight"] = ((*path, "kernel"), shapes[mod], True)
+            kind, shape = ("LayerNorm", (C,)) if mod.startswith("ln_") else ("Linear", shapes[mod])
+            outer = block
+            if "." in mod:
+                parent = mod.split(".")[0]
+                outer = (
+                    *block,
+                    (f"{p}.{parent}", ({"attn": "CausalSelfAttention", "mlp": "MLP"}[parent],)),
+                )
+            out.append(TorchKey(f"{p}.{mod}.weight", (kind,), shape, outer=outer))
             if cfg.bias:
-                m[p + mod + ".bias"] = ((*path, "bias"), (shapes.get(mod, (C,))[0],), False)
-    m["transformer.ln_f.weight"] = (("ln_f", "scale"), (C,), False)
+                out.append(TorchKey(f"{p}.{mod}.bias", (kind,), (shape[0],), outer=outer))
+    out.append(TorchKey("transformer.ln_f.weight", ("LayerNorm",), (C,), outer=top))
     if cfg.bias:
-        m["transformer.ln_f.bias"] = (("ln_f", "bias"), (C,), False)
-    return m
+        out.append(TorchKey("transformer.ln_f.bias", ("LayerNorm",), (C,), outer=top))
+    out.append(
+        TorchKey("lm_head.weight", ("Linear",), (V, C), tied_to="transformer.wte.weight",
+                 outer=(("", ("GPT",)),))
+    )  # fmt: skip
+    return out
 
 
-def _variable(model, path) -> nnx.Variable:
-    obj = model
-    for p in path:
-        obj = obj[p] if isinstance(p, int) else getattr(obj, p)
-    return obj
+@functools.lru_cache(maxsize=16)
+def keymap(config: GPTConfig) -> KeyMap:
+    """nanoGPT's keys -> the port's variables by the toolkit's rules; StateDictError when the
+    port and nanoGPT's module tree do not map one to one (a modeling change)."""
+    described = describe_nanogpt(config)
+    km = build_keymap(described, _abstract_model(config), rename=prefix_rename({"": "transformer"}))
+    return km.check(f"nanoGPT's GPT{config}")
+
+
+def _abstract_model(config: GPTConfig) -> GPT:
+    return nnx.merge(*_abstract_gpt(config), copy=True)
 
 
 def _is_conv1d(key: str) -> bool:
@@ -110,8 +125,7 @@ def from_torch(state_dict: Mapping, config: GPTConfig, *, layout: str = "auto", 
     streams, one fork per Dropout in module order.
     """
     sd, layout = _normalise(state_dict, config, layout)
-    key_map = _key_map(config)
-    expected = {k: shape for k, (_, shape, _) in key_map.items()}
+    expected = {tk.key: tk.shape for tk in describe_nanogpt(config) if tk.tied_to is None}
     source = "HF GPT-2 state_dict" if layout == "hf" else "nanoGPT state_dict"
     lm_head = sd.pop("lm_head.weight", None)
     check_keys(sd, expected, source=source)
@@ -123,11 +137,9 @@ def from_torch(state_dict: Mapping, config: GPTConfig, *, layout: str = "auto", 
                 f"{source}: lm_head.weight {lm_head.shape} is not tied to transformer.wte.weight "
                 f"{wte.shape}; this port ties them (one array), as nanoGPT does"
             )
-    model = nnx.merge(*_abstract_gpt(config), copy=True)  # fresh Variables, values filled below
+    model = _abstract_model(config)  # fresh Variables, values filled below
     dtype = config.param_dtype
-    for key, (path, _, transpose) in key_map.items():
-        value = to_numpy(sd[key]).astype(dtype)
-        _variable(model, path).set_value(np.ascontiguousarray(value.T if transpose else value))
+    keymap(config).load(model, {k: to_numpy(v).astype(dtype) for k, v in sd.items()}, device=False)
     _fork_dropout_streams(model, rngs if rngs is not None else nnx.Rngs(0))
     abstract = [
         jax.tree_util.keystr(p)
@@ -160,17 +172,15 @@ def _fork_dropout_streams(model: GPT, rngs: nnx.Rngs) -> None:
 def to_numpy_state_dict(model: GPT) -> dict[str, np.ndarray]:
     """-> nanoGPT's state_dict keys and layouts as numpy arrays (no torch needed; lm_head.weight
     is the wte array itself)."""
-    out = {}
-    for key, (path, _, transpose) in _key_map(model.config).items():
-        value = np.asarray(_variable(model, path).get_value())
-        out[key] = np.array(value.T if transpose else value, order="C")
+    flat = {path: v.get_value() for path, v in nnx.iter_graph(model) if isinstance(v, nnx.Param)}
+    out = {k: np.array(v, order="C") for k, v in keymap(model.config).to_torch(flat).items()}
     out["lm_head.weight"] = out["transformer.wte.weight"]  # tied: the same array
     return out
 
 
 def to_torch(model: GPT) -> dict:
     """-> nanoGPT state_dict (torch tensors, flash-attention layout, lm_head tied to wte)."""
-    import torch  # lazy: models/ never imports torch at module level
+    import torch  # lazy: only writing torch tensors needs torch
 
     out = {k: torch.from_numpy(v) for k, v in to_numpy_state_dict(model).items()}
     out["lm_head.weight"] = out["transformer.wte.weight"]  # tied: the same tensor
