@@ -259,3 +259,17 @@ def test_conversions_with_one_config_share_no_variable():
     back_a, back_b = to_torch(a), to_torch(b)
     assert_all_close([(k, back_a[k], v) for k, v in sd_a.items()], EXACT)
     assert_all_close([(k, back_b[k], v) for k, v in sd_b.items()], EXACT)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_key_map_describes_nanogpt_as_its_module_does(bias):
+    """parity.gpt_params builds its key map from nanoGPT's state_dict described from the config
+    alone (no torch needed to load a .safetensors file): that description IS keymap.describe_torch
+    of the reference module, key for key (module classes, shapes, enclosing modules, the tie)."""
+    from parity.gpt_params import describe_nanogpt, keymap
+    from parity.keymap import describe_torch
+
+    cfg = dict(TINY, bias=bias)
+    assert describe_nanogpt(GPTConfig(**cfg)) == describe_torch(_torch_model(bias=bias))
+    km = keymap(GPTConfig(**cfg))  # by the toolkit's rules: every key maps, lm_head tied
+    assert km.complete and km.tied == {"lm_head.weight": "transformer.wte.weight"}
