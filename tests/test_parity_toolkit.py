@@ -221,6 +221,10 @@ def returns_a_list_of_inputs():
     return torch.nn.Linear(2, 2), [torch.ones(2)]
 
 
+def returns_a_list_of_kwargs():
+    return torch.nn.Linear(2, 2), (), [torch.ones(2)]
+
+
 def returns_a_dict(torch_module):
     return {"weight": torch_module.weight}
 
@@ -242,11 +246,15 @@ def _linear():
         (["tests.test_parity_toolkit:NOT_CALLABLE", "x:y"], "'NOT_CALLABLE' is a int, not a callable"),
         (
             ["tests.test_parity_toolkit:returns_a_module", "tests.test_parity_mlp:nnx_mlp"],
-            "TORCH_FACTORY tests.test_parity_toolkit:returns_a_module returned a Linear: expected (torch.nn.Module, tuple of example inputs)",
+            "TORCH_FACTORY tests.test_parity_toolkit:returns_a_module returned a Linear: expected (torch.nn.Module, tuple of example inputs[, dict of keyword inputs])",
         ),
         (
             ["tests.test_parity_toolkit:returns_a_list_of_inputs", "tests.test_parity_mlp:nnx_mlp"],
             "returned inputs of type list: expected a tuple of example inputs",
+        ),
+        (
+            ["tests.test_parity_toolkit:returns_a_list_of_kwargs", "tests.test_parity_mlp:nnx_mlp"],
+            "returned keyword inputs of type list: expected a dict from argument name to input",
         ),
         (
             ["tests.test_parity_toolkit:_linear", "tests.test_parity_toolkit:returns_a_dict"],
@@ -254,7 +262,7 @@ def _linear():
         ),
         (["a:b", "c:d", "--rename", "h"], "--rename 'h': expected NNX_PREFIX=TORCH_PREFIX"),
     ],
-    ids=["no-colon", "no-module", "no-attr", "not-callable", "torch-returns", "inputs-list", "nnx-returns", "rename"],
+    ids=["no-colon", "no-module", "no-attr", "not-callable", "torch-returns", "inputs-list", "kwargs-list", "nnx-returns", "rename"],
 )  # fmt: skip
 def test_bad_input_is_one_line(args, expected, capsys):
     assert diff_cli.main(args) == 2
