@@ -332,14 +332,12 @@ def _casts_note(built: Casts | None, ran: Casts | None) -> list[str]:
     both = Casts(built.by_module + ran.by_module, promoted=ran.promoted)
     if not both.total:
         return []
+    n = f"{both.total} cast{'s' if both.total > 1 else ''} to float32 in torch"
     if both.promoted:
-        return [
-            f"float64 run: {both.summary()} casts to float32 in torch ran in float64"
-            " (--keep-casts runs them as written)"
-        ]
+        return [f"{n} ran in float64 (--keep-casts: as written): {both.where()}"]
     return [
-        f"--keep-casts: {both.summary()} casts to float32 in torch ran in float32, as written:"
-        " outputs after them agree with a float64 port only to float32 round-off"
+        f"--keep-casts: {n} ran in float32 ({both.where()}); a float64 port agrees after them"
+        " only to float32 round-off"
     ]
 
 

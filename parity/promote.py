@@ -55,11 +55,10 @@ class Casts:
     def total(self) -> int:
         return sum(self.by_module.values())
 
-    def summary(self, limit: int = 8) -> str:
-        """`12 (input_layernorm 2, self_attn 3, ...)`, in first-cast order."""
+    def where(self, limit: int = 8) -> str:
+        """`input_layernorm 1, self_attn 2, ...`: per module, in first-cast order."""
         items = [f"{m or '(root)'} {n}" for m, n in self.by_module.items()]
-        more = " ..." if len(items) > limit else ""
-        return f"{self.total} ({', '.join(items[:limit])}{more})" if items else "0"
+        return ", ".join(items[:limit]) + (" ..." if len(items) > limit else "")
 
 
 def _float32_to(to, args: tuple, kwargs: dict):
