@@ -151,7 +151,9 @@ def heads_split(port, reference) -> bool:
     (..., heads, head_dim): a port that keeps attention heads on their own axis (an
     nnx.LinearGeneral projection, loaded by the LINEAR_HEADS layout of parity/keymap.py)."""
     ps, rs = tuple(np.shape(port)), tuple(np.shape(reference))
-    return len(ps) == len(rs) + 1 and len(rs) >= 1 and ps[:-2] == rs[:-1] and ps[-2] * ps[-1] == rs[-1]
+    return (
+        len(ps) == len(rs) + 1 and len(rs) >= 1 and ps[:-2] == rs[:-1] and ps[-2] * ps[-1] == rs[-1]
+    )
 
 
 def in_torch_layout(port, reference):
@@ -267,7 +269,9 @@ def compare_calls(
         notes.insert(
             0,
             f"{len(split)} port calls return heads on their own axis, compared with torch's"
-            " (heads * head_dim) axis: " + ", ".join(split[:8]) + (" ..." if len(split) > 8 else ""),
+            " (heads * head_dim) axis: "
+            + ", ".join(split[:8])
+            + (" ..." if len(split) > 8 else ""),
         )
     if by_key:
         extra = call_labels(port)

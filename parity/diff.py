@@ -137,9 +137,7 @@ def _torch_inputs(factory: Callable, name: str, dtype: str):
     except Exception as e:
         raise RunError("torch", f"TORCH_FACTORY {name}", e) from e
     expected = "expected (torch.nn.Module, tuple of example inputs[, dict of keyword inputs])"
-    if not (
-        isinstance(got, tuple) and len(got) in (2, 3) and isinstance(got[0], torch.nn.Module)
-    ):
+    if not (isinstance(got, tuple) and len(got) in (2, 3) and isinstance(got[0], torch.nn.Module)):
         raise UsageError(f"TORCH_FACTORY {name} returned {_kind(got)}: {expected}")
     module, args, kwargs = got if len(got) == 3 else (*got, {})
     if not isinstance(args, tuple):
@@ -445,7 +443,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except RunError as e:
         if args.traceback:
-            raise e.error
+            raise e.error from None  # its own traceback, where it was raised
         print(f"python -m parity diff: {e}", file=sys.stderr)
         return 3
     except UsageError as e:

@@ -112,9 +112,11 @@ def test_wrong_rms_norm_eps_hides_in_float32_and_is_named_in_float64():
 
 
 def test_tiled_kv_heads_are_named_at_the_attention():
+    """The projections agree; o_proj's input (the attention's own code) is the first to differ,
+    so the divergence is placed in self_attn."""
     report = diff(torch_llama_layer, nnx_llama_layer_tiled_kv, dtype="float32")
     module, row = report.first_divergent()
-    assert module == "self_attn" and row.inputs_agree, format_report(report)
+    assert module == "self_attn" and row.module == "self_attn.o_proj", format_report(report)
 
 
 def test_bfloat16_casts_nested_inputs():

@@ -61,10 +61,12 @@ class T5LayerNorm(nnx.RMSNorm):
         return self.scale[...] * (x * jax.lax.rsqrt(variance + self.epsilon))
 
 
-def relative_position_bucket(t: int, s: int, bidirectional: bool, buckets: int, max_distance: int):
+def relative_position_bucket(
+    t: int, s: int, bidirectional: bool, buckets: int, max_distance: int, dtype=np.float32
+):
     """T5's bucket of each (query, key) offset, as numpy integers (shapes are static): half the
-    buckets exact offsets, the rest logarithmic up to max_distance; the log in float32 as
-    torch's `.float()`."""
+    buckets exact offsets, the rest logarithmic up to max_distance; the log in `dtype`, torch's
+    `.float()` (float32, or float64 where a float64 run promotes it)."""
     rel = np.arange(s)[None, :] - np.arange(t)[:, None]
     out = np.zeros_like(rel)
     if bidirectional:
@@ -75,10 +77,8 @@ def relative_position_bucket(t: int, s: int, bidirectional: bool, buckets: int, 
         rel = -np.minimum(rel, 0)
     exact = buckets // 2
     with np.errstate(divide="ignore", invalid="ignore"):  # log(0): those take the exact bucket
-        scaled = np.log(rel.astype(np.float32) / np.float32(exact)) / np.float32(
-            math.log(max_distance / exact)
-        )
-    large = exact + (scaled * np.float32(buckets - exact)).astype(np.int64)
+        scaled = np.log(rel.astype(dtype) / dtype(exact)) / dtype(math.log(max_distance / exact))
+        large = exact + (scaled * dtype(buckets - exact)).astype(np.int64)
     large = np.minimum(large, buckets - 1)
     return out + np.where(rel < exact, rel, large)
 
@@ -102,8 +102,11 @@ class T5Attention(nnx.Module):
             else None
         )
 
-    def compute_bias(self, t: int, s: int):
-        bucket = relative_position_bucket(t, s, True, self.buckets, self.max_distance)
+    def compute_bias(self, t: int, s: int, dtype=jnp.float32):
+        at_least_float32 = np.promote_types(dtype, np.float32).type
+        bucket = relative_position_bucket(
+            t, s, True, self.buckets, self.max_distance, at_least_float32
+        )
         values = self.relative_attention_bias(jnp.asarray(bucket))  # (t, s, heads)
         return jnp.transpose(values, (2, 0, 1))[None]
 
@@ -115,7 +118,7 @@ class T5Attention(nnx.Module):
 
         q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))
         if position_bias is None:
-            position_bias = self.compute_bias(t, t)
+            position_bias = self.compute_bias(t, t, x.dtype)
         scores = q @ jnp.swapaxes(k, -1, -2) + position_bias  # T5 does not scale by 1/sqrt(d)
         if mask is not None:
             scores = scores + mask
@@ -228,13 +231,14 @@ class LlamaAttention(nnx.Module):
         k_btkh = k_btkh * cos_bt1h + rotate_half(k_btkh) * sin_bt1h
         k_btnh, v_btnh = self._per_query_head(k_btkh), self._per_query_head(v_btkh)
         scores_bnts = jnp.einsum("btnh,bsnh->bnts", q_btnh, k_btnh) * self.scaling
-        if attention_mask is not None:  # additive: 0 where a key is seen, a large negative where not
+        if (
+            attention_mask is not None
+        ):  # additive: 0 where a key is seen, a large negative where not
             scores_bnts = scores_bnts + attention_mask
         # transformers' eager softmax is float32 (dtype=torch.float32), then cast back
         weights_bnts = jax.nn.softmax(at_least_float32(scores_bnts), axis=-1).astype(q_btnh.dtype)
         out_btnh = jnp.einsum("bnts,bsnh->btnh", weights_bnts, v_btnh)
         return self.o_proj(out_btnh), weights_bnts
-
 
     def _per_query_head(self, x_btkh):
         if self.tile_kv:  # wrong on purpose: key head n % K for query head n
