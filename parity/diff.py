@@ -152,7 +152,7 @@ def _torch_inputs(factory: Callable, name: str, dtype: str):
         )
     if dtype != "float32":
         module = module.to(to)
-        args, kwargs = cast_floating((args, kwargs), to)
+        args, kwargs = _cast_floating((args, kwargs), to)
     return module, args, kwargs
 
 
@@ -165,14 +165,14 @@ def _takes_dtype(factory: Callable) -> bool:
         return False
 
 
-def cast_floating(inputs, to):
+def _cast_floating(inputs, to):
     """Every floating torch tensor in nested tuples, lists and dicts cast to `to` (integer and
     bool tensors, and anything that is not a tensor, as they are)."""
     import torch
 
     if isinstance(inputs, torch.Tensor):
         return inputs.to(to) if inputs.is_floating_point() else inputs
-    return _map_nested(lambda x: cast_floating(x, to), inputs)
+    return _map_nested(lambda x: _cast_floating(x, to), inputs)
 
 
 def _map_nested(fn, inputs):
@@ -346,7 +346,7 @@ def _float64_twin(module, args, kwargs):
     import torch
 
     twin = copy.deepcopy(module).double()
-    return twin, *cast_floating((args, kwargs), torch.float64)
+    return twin, *_cast_floating((args, kwargs), torch.float64)
 
 
 def _as_torch(errors: dict) -> dict:
