@@ -22,8 +22,8 @@ Calls reach the mode through `__torch_function__`: Tensor methods, torch functio
 torch.nn.functional. Code that builds a float32 array outside torch (numpy) is not seen. The
 port's side is the port's own code: write a float32 cast as "at least float32",
 `x.astype(jnp.promote_types(x.dtype, jnp.float32))`, which is float32 in a float32 or bfloat16 run
-as the reference's, and float64 in a float64 run (docs/porting_your_model.md, "HF's float32
-casts").
+as the reference's, and float64 in a float64 run (docs/porting_your_model.md, "transformers'
+float32 casts in a float64 run").
 """
 
 from __future__ import annotations

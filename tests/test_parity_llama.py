@@ -1,8 +1,8 @@
 """transformers' LlamaDecoderLayer, unmodified (RMSNorm, rotary tables, grouped-query attention,
 SwiGLU; eager attention), from a tiny random LlamaConfig, against its NNX port
 (tests/zoo_ports.py::LlamaDecoderLayer): the worked example of docs/porting_your_model.md,
-"Transformer layers". The layer takes keyword inputs and a nested (cos, sin) pair, as
-LlamaModel calls it. Slow tier, with the `zoo` extra (skipped with a reason without it); by hand:
+"Recipe: a transformer layer (transformers' LlamaDecoderLayer)". The layer takes keyword inputs
+and a nested (cos, sin) pair, as LlamaModel calls it. Slow tier, with the `zoo` extra (skipped with a reason without it); by hand:
 
     python -m parity diff tests.test_parity_llama:torch_llama_layer \
         tests.test_parity_llama:nnx_llama_layer --dtype float64 --grads
