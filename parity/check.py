@@ -16,6 +16,9 @@ A port may keep flax's channels-last layout inside (nnx.Conv, nnx.GroupNorm on (
 a port tensor whose shape is torch's (N, C, *spatial) with C moved last is compared in torch's
 layout, and a note lists those calls. Where C equals every spatial size the two layouts have the
 same shape and the tensor is compared as it is: example inputs with distinct sizes avoid that.
+A port may also keep attention heads on their own axis: a port tensor (..., heads, head_dim)
+where torch's is (..., heads * head_dim) is compared with its last two axes merged (a reshape),
+and a note lists those calls.
 """
 
 from __future__ import annotations

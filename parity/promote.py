@@ -39,7 +39,7 @@ _RANDOM = (
     "rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "randperm",
     "normal", "bernoulli", "multinomial", "poisson",
 )  # fmt: skip
-_FLOAT_TENSOR_TYPES = {"torch.FloatTensor": "torch.DoubleTensor"}
+_FLOAT_TENSOR_TYPES = ("torch.FloatTensor",)  # .type() by name
 
 
 @dataclasses.dataclass
@@ -89,8 +89,7 @@ def _rewrite(func, args: tuple, kwargs: dict, to):
     if func is torch.Tensor.view or func in _random_functions():
         return None
     if func is torch.Tensor.type and len(args) > 1 and args[1] in _FLOAT_TENSOR_TYPES:
-        name = "torch.DoubleTensor" if to is torch.float64 else str(to)
-        return func, (args[0], name, *args[2:]), kwargs
+        return func, (args[0], to, *args[2:]), kwargs
     found = _float32_to(to, args, kwargs)
     return None if found is None else (func, *found)
 
