@@ -498,6 +498,20 @@ def test_channels_equal_to_spatial_sizes_are_named_as_the_likely_cause(x64):
     assert "note: norm: its output agrees read as channels-last" in text
 
 
+def test_heads_on_their_own_axis_are_compared_with_torchs_merged_axis():
+    """A port output (..., heads, head_dim) is torch's (..., heads * head_dim) read head-major;
+    the same numbers split head-minor fail, and sizes that do not multiply out are no match."""
+    from parity.check import compare_leaves, in_torch_layout
+
+    torch_out = np.random.default_rng(0).normal(size=(2, 3, 8))
+    head_major = torch_out.reshape(2, 3, 2, 4)  # feature n * 4 + h
+    head_minor = torch_out.reshape(2, 3, 4, 2).swapaxes(-1, -2)  # feature h * 2 + n
+    np.testing.assert_array_equal(in_torch_layout(head_major, torch_out), torch_out)
+    assert compare_leaves("out", [head_major], [torch_out], FLOAT64)[0]
+    assert not compare_leaves("out", [head_minor], [torch_out], FLOAT64)[0]
+    assert in_torch_layout(np.zeros((2, 3, 3, 3)), torch_out) is None
+
+
 # ------------------------------------------------------------------- this repository's ports
 
 
