@@ -5,6 +5,7 @@ torch module with its Flax NNX port (docs/porting_your_model.md):
 - keymap.py: a torch state_dict into an NNX model by rule, and back, with a report;
 - check.py: per-module comparison and the first divergent module;
 - diff.py: `python -m parity diff TORCH_FACTORY NNX_FACTORY`;
+- promote.py: a reference's own float32 casts run in float64 in a float64 run;
 - steps.py: torch.optim and optax steps side by side;
 - goldens/module.py: goldens of any torch module, checked without torch;
 - compare.py, envelope.py: named bounds and the one-ulp envelope;

@@ -154,8 +154,13 @@ def torch_hooks(
     attribute wraps the bound method for the block: torch looks it up before the class)."""
     rec = _Recorder()
     handles, patched = [], []
+    running: list[str] = []  # the calls under way, innermost last: where an exception started
+
+    def enter(path, _module, _args):
+        running.append(path)
 
     def hook(path, _module, args, kwargs, output):
+        running.pop()
         rec.add(path, "forward", _args_leaves(_torch_leaves, args, kwargs), _torch_leaves(output))
 
     def wrap(path, name, bound):
@@ -171,12 +176,16 @@ def torch_hooks(
         for path, m in module.named_modules():
             if select is not None and not select(path):
                 continue
+            handles.append(m.register_forward_pre_hook(functools.partial(enter, path)))
             handles.append(m.register_forward_hook(functools.partial(hook, path), with_kwargs=True))
             for name in methods:
                 if callable(getattr(m, name, None)):
                     setattr(m, name, wrap(path, name, getattr(m, name)))
                     patched.append((m, name))
         yield rec.calls
+    except Exception as e:
+        mark_module(e, running[-1] if running else "")
+        raise
     finally:
         for h in handles:
             h.remove()
@@ -299,6 +308,9 @@ def nnx_hooks(
             active.add(key)
             try:
                 out = orig(self, *args, **kwargs)
+            except Exception as e:
+                mark_module(e, path)
+                raise
             finally:
                 active.discard(key)
             method = "forward" if name == "__call__" else name
@@ -330,18 +342,38 @@ def _iter_modules(model):
     return nnx.iter_modules(model)
 
 
-def split_static(args: Sequence) -> tuple[list, Callable[[Sequence], tuple]]:
-    """(the array arguments, a function that puts arrays back among the others). Under jit
-    only arrays may be traced: a Python flag (need_weights=True) must stay a constant."""
-    positions = [i for i, a in enumerate(args) if isinstance(a, (np.ndarray,)) or _is_jax(a)]
+def split_static(tree) -> tuple[list, Callable[[Sequence], object]]:
+    """(the array leaves of a pytree of arguments: a tuple, `(args, kwargs)`, nested tuples,
+    lists and dicts; a function that puts arrays back among the other leaves and rebuilds the
+    tree). Under jit only arrays may be traced: a Python flag (need_weights=True,
+    use_cache=False) must stay a constant."""
+    import jax
 
-    def merge(arrays: Sequence) -> tuple:
-        full = list(args)
+    leaves, treedef = jax.tree.flatten(tree)
+    positions = [i for i, a in enumerate(leaves) if isinstance(a, np.ndarray) or _is_jax(a)]
+
+    def merge(arrays: Sequence):
+        full = list(leaves)
         for i, a in zip(positions, arrays, strict=True):
             full[i] = a
-        return tuple(full)
+        return jax.tree.unflatten(treedef, full)
 
-    return [args[i] for i in positions], merge
+    return [leaves[i] for i in positions], merge
+
+
+def mark_module(error: BaseException, path: str) -> None:
+    """Record on an exception the module call it started in (torch's dotted path; the innermost
+    call marks it first, enclosing calls leave it): `failed_in(error)` reads it back."""
+    if not hasattr(error, "parity_module"):
+        try:
+            error.parity_module = path
+        except AttributeError:  # an exception type without a __dict__
+            pass
+
+
+def failed_in(error: BaseException) -> str | None:
+    """The module path an exception started in (mark_module), or None when no capture saw it."""
+    return getattr(error, "parity_module", None)
 
 
 def _is_jax(x) -> bool:
@@ -396,29 +428,30 @@ def capture_nnx(
     under the seeded cotangent loss (the same R as torch_cotangent_loss), keyed by path tuple."""
     from flax import nnx
 
-    kwargs = dict(kwargs or {})
     meta: list[tuple[str, str, int]] = []
-    arrays, merge = split_static(tuple(args))
+    # nested arguments too (a (cos, sin) pair, a dict of masks): arrays traced, the rest constant
+    arrays, merge = split_static((tuple(args), dict(kwargs or {})))
 
-    def run(model, arrays, kwargs):
+    def run(model, arrays):
+        args, kwargs = merge(arrays)
         with nnx_hooks(model, select=select, methods=methods, rename=rename) as calls:
-            out = model(*merge(arrays), **kwargs)
+            out = model(*args, **kwargs)
         meta[:] = [c.key for c in calls]
         return out, [(c.args, c.outputs) for c in calls]
 
     if grads:
 
-        def loss_fn(model, arrays, kwargs):
-            out, records = run(model, arrays, kwargs)
+        def loss_fn(model, arrays):
+            out, records = run(model, arrays)
             return nnx_cotangent_loss(out, seed), (out, records)
 
         fn = nnx.value_and_grad(loss_fn, has_aux=True)
         if jit:
             fn = nnx.jit(fn)
-        (loss, (out, records)), g = fn(model, arrays, kwargs)
+        (loss, (out, records)), g = fn(model, arrays)
         g = {tuple(path): v.get_value() for path, v in nnx.to_flat_state(g)}
     else:
         fn = nnx.jit(run) if jit else run
-        (out, records), loss, g = fn(model, arrays, kwargs), None, None
+        (out, records), loss, g = fn(model, arrays), None, None
     calls = [Call(p, m, i, a, o) for (p, m, i), (a, o) in zip(meta, records, strict=True)]
     return Capture(calls, _jax_leaves(out), loss, g, nnx_state(model))

@@ -16,6 +16,9 @@ A port may keep flax's channels-last layout inside (nnx.Conv, nnx.GroupNorm on (
 a port tensor whose shape is torch's (N, C, *spatial) with C moved last is compared in torch's
 layout, and a note lists those calls. Where C equals every spatial size the two layouts have the
 same shape and the tensor is compared as it is: example inputs with distinct sizes avoid that.
+A port may also keep attention heads on their own axis: a port tensor (..., heads, head_dim)
+where torch's is (..., heads * head_dim) is compared with its last two axes merged (a reshape),
+and a note lists those calls.
 """
 
 from __future__ import annotations
@@ -146,14 +149,27 @@ def channels_last(port, reference) -> bool:
     return len(rs) >= 3 and ps != rs and ps == (rs[0], *rs[2:], rs[1])
 
 
+def heads_split(port, reference) -> bool:
+    """The port's tensor is torch's with its last axis split in two, (..., heads * head_dim) as
+    (..., heads, head_dim): a port that keeps attention heads on their own axis (an
+    nnx.LinearGeneral projection, loaded by the LINEAR_HEADS layout of parity/keymap.py)."""
+    ps, rs = tuple(np.shape(port)), tuple(np.shape(reference))
+    return (
+        len(ps) == len(rs) + 1 and len(rs) >= 1 and ps[:-2] == rs[:-1] and ps[-2] * ps[-1] == rs[-1]
+    )
+
+
 def in_torch_layout(port, reference):
     """The port's tensor as torch lays it out: as it is when the shapes agree, moved from
-    channels-last to channels-first (a permutation: no value changes) when `channels_last`, else
-    None (the shapes disagree)."""
+    channels-last to channels-first (a permutation: no value changes) when `channels_last`, its
+    last two axes merged when `heads_split` (a reshape of head-major heads, torch's
+    `.view(..., heads, head_dim)`), else None (the shapes disagree)."""
     if tuple(np.shape(port)) == tuple(np.shape(reference)):
         return port
     if channels_last(port, reference):
         return np.moveaxis(np.asarray(port), -1, 1)
+    if heads_split(port, reference):
+        return np.reshape(np.asarray(port), np.shape(reference))
     return None
 
 
@@ -164,6 +180,12 @@ def _same_structure(a: Sequence, b: Sequence) -> bool:
 def _channels_last_outputs(port: Call, reference: Call) -> bool:
     return len(port.outputs) == len(reference.outputs) and any(
         channels_last(a, e) for a, e in zip(port.outputs, reference.outputs)
+    )
+
+
+def _heads_outputs(port: Call, reference: Call) -> bool:
+    return len(port.outputs) == len(reference.outputs) and any(
+        heads_split(a, e) for a, e in zip(port.outputs, reference.outputs)
     )
 
 
@@ -212,6 +234,7 @@ def compare_calls(
     labels = call_labels(reference)
     rows: list[Row] = []
     moved: list[str] = []
+    split: list[str] = []
     notes: list[str] = []
     for ref in reference:
         mine = by_key.pop(ref.key, None)
@@ -221,6 +244,8 @@ def compare_calls(
             continue
         if _channels_last_outputs(mine, ref):
             moved.append(label)
+        if _heads_outputs(mine, ref):
+            split.append(label)
         tol = tolerance_for(ref.key)
         passed, c, tensor, note = compare_leaves(
             "out", mine.outputs, ref.outputs, tol, dtypes=dtypes
@@ -242,6 +267,14 @@ def compare_calls(
             0,
             f"{len(moved)} port calls return channels-last tensors, compared in torch's"
             " channels-first layout: " + ", ".join(moved[:8]) + (" ..." if len(moved) > 8 else ""),
+        )
+    if split:
+        notes.insert(
+            0,
+            f"{len(split)} port calls return heads on their own axis, compared with torch's"
+            " (heads * head_dim) axis: "
+            + ", ".join(split[:8])
+            + (" ..." if len(split) > 8 else ""),
         )
     if by_key:
         extra = call_labels(port)

@@ -204,7 +204,8 @@ def test_bfloat16_diff_names_a_wrong_port():
 
 TOOLKIT = (
     "__init__.py", "__main__.py", "backend.py", "capture.py", "check.py", "compare.py", "diff.py",
-    "envelope.py", "files.py", "keymap.py", "layers.py", "machine.py", "state_dict.py", "steps.py",
+    "envelope.py", "files.py", "keymap.py", "layers.py", "machine.py", "promote.py",
+    "state_dict.py", "steps.py",
     "goldens/__init__.py",
     "goldens/common.py", "goldens/module.py",
 )  # fmt: skip

@@ -223,6 +223,10 @@ def returns_a_list_of_inputs():
     return torch.nn.Linear(2, 2), [torch.ones(2)]
 
 
+def returns_a_list_of_kwargs():
+    return torch.nn.Linear(2, 2), (), [torch.ones(2)]
+
+
 def returns_a_dict(torch_module):
     return {"weight": torch_module.weight}
 
@@ -244,11 +248,15 @@ def _linear():
         (["tests.test_parity_toolkit:NOT_CALLABLE", "x:y"], "'NOT_CALLABLE' is a int, not a callable"),
         (
             ["tests.test_parity_toolkit:returns_a_module", "tests.test_parity_mlp:nnx_mlp"],
-            "TORCH_FACTORY tests.test_parity_toolkit:returns_a_module returned a Linear: expected (torch.nn.Module, tuple of example inputs)",
+            "TORCH_FACTORY tests.test_parity_toolkit:returns_a_module returned a Linear: expected (torch.nn.Module, tuple of example inputs[, dict of keyword inputs])",
         ),
         (
             ["tests.test_parity_toolkit:returns_a_list_of_inputs", "tests.test_parity_mlp:nnx_mlp"],
             "returned inputs of type list: expected a tuple of example inputs",
+        ),
+        (
+            ["tests.test_parity_toolkit:returns_a_list_of_kwargs", "tests.test_parity_mlp:nnx_mlp"],
+            "returned keyword inputs of type list: expected a dict from argument name to input",
         ),
         (
             ["tests.test_parity_toolkit:_linear", "tests.test_parity_toolkit:returns_a_dict"],
@@ -256,7 +264,7 @@ def _linear():
         ),
         (["a:b", "c:d", "--rename", "h"], "--rename 'h': expected NNX_PREFIX=TORCH_PREFIX"),
     ],
-    ids=["no-colon", "no-module", "no-attr", "not-callable", "torch-returns", "inputs-list", "nnx-returns", "rename"],
+    ids=["no-colon", "no-module", "no-attr", "not-callable", "torch-returns", "inputs-list", "kwargs-list", "nnx-returns", "rename"],
 )  # fmt: skip
 def test_bad_input_is_one_line(args, expected, capsys):
     assert diff_cli.main(args) == 2
@@ -490,6 +498,20 @@ def test_channels_equal_to_spatial_sizes_are_named_as_the_likely_cause(x64):
     failed = [r.module for r in report.rows if r.passed is False]
     assert failed == ["norm"] and report.first_divergent()[0] == "", text
     assert "note: norm: its output agrees read as channels-last" in text
+
+
+def test_heads_on_their_own_axis_are_compared_with_torchs_merged_axis():
+    """A port output (..., heads, head_dim) is torch's (..., heads * head_dim) read head-major;
+    the same numbers split head-minor fail, and sizes that do not multiply out are no match."""
+    from parity.check import compare_leaves, in_torch_layout
+
+    torch_out = np.random.default_rng(0).normal(size=(2, 3, 8))
+    head_major = torch_out.reshape(2, 3, 2, 4)  # feature n * 4 + h
+    head_minor = torch_out.reshape(2, 3, 4, 2).swapaxes(-1, -2)  # feature h * 2 + n
+    np.testing.assert_array_equal(in_torch_layout(head_major, torch_out), torch_out)
+    assert compare_leaves("out", [head_major], [torch_out], FLOAT64)[0]
+    assert not compare_leaves("out", [head_minor], [torch_out], FLOAT64)[0]
+    assert in_torch_layout(np.zeros((2, 3, 3, 3)), torch_out) is None
 
 
 # ------------------------------------------------------------------- this repository's ports

@@ -1,7 +1,8 @@
-"""Flax NNX ports of modules of real models no one here wrote, for tests/test_parity_zoo.py: T5's
-block (transformers), SAM's image-encoder block and its mask decoder's upscaling path
-(segment-anything), EnCodec's two-layer LSTM (transformers). Written from reading the installed
-packages' sources; attribute names mirror theirs so the key map fills every variable by rule.
+"""Flax NNX ports of modules of real models no one here wrote, for tests/test_parity_zoo.py and
+tests/test_parity_llama.py: T5's block and Llama's decoder layer (transformers), SAM's
+image-encoder block and its mask decoder's upscaling path (segment-anything), EnCodec's two-layer
+LSTM (transformers). Written from reading the installed packages' sources; attribute names mirror
+theirs so the key map fills every variable by rule.
 """
 
 from __future__ import annotations
@@ -14,21 +15,40 @@ import numpy as np
 from flax import nnx
 
 from parity import layers
-from parity.keymap import To, register_rule
+from parity.keymap import LINEAR_HEADS, SAME_HEADS, To, register_rule
 
 # T5's norm is an RMSNorm (no mean, no bias): its weight is flax's scale. SAM's LayerNorm2d
 # normalises the channels of NCHW maps: nnx.LayerNorm over axis 1 holds the same scale and bias.
 register_rule("T5LayerNorm", {"weight": To("scale")})
 register_rule("LayerNorm2d", {"weight": To("scale")})
+# Llama's RMSNorm keeps its scale in `weight`. The port's attention keeps heads on their own axis:
+# q_proj (heads * head_dim, hidden) is a (hidden, heads, head_dim) kernel, o_proj's input axis the
+# same split (LINEAR_HEADS: transposed, then the heads * head_dim axis split head-major, as torch's
+# `.view(..., heads, head_dim)`); a bias (heads * head_dim,) is (heads, head_dim) (SAME_HEADS).
+register_rule("LlamaRMSNorm", {"weight": To("scale")})
+register_rule(
+    "LlamaAttention",
+    {
+        **{f"{p}_proj.weight": To(f"{p}_proj.kernel", LINEAR_HEADS) for p in "qkvo"},
+        **{f"{p}_proj.bias": To(f"{p}_proj.bias", SAME_HEADS) for p in "qkv"},
+    },
+)
 
 
 # ------------------------------------------------------------------------------------------- T5
 
 
+def at_least_float32(x):
+    """transformers' `.to(torch.float32)` as a port writes it: float32 in a float32 or bfloat16
+    run, as the reference's; float64 in a float64 run, where `python -m parity diff` runs the
+    reference's casts in float64 (parity/promote.py)."""
+    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
+
+
 class T5LayerNorm(nnx.RMSNorm):
     """transformers' T5LayerNorm: x * rsqrt(mean(x^2) + eps) * weight, the mean of squares taken
-    in float32 whatever the input's dtype (so a float64 run is float32-accurate there, as
-    torch's). `float32_variance=False` is flax's RMSNorm as it is (wrong on purpose)."""
+    in at least float32 whatever the input's dtype. `float32_variance=False` is flax's RMSNorm as
+    it is (wrong on purpose)."""
 
     def __init__(self, dim, eps=1e-6, *, float32_variance=True, param_dtype, rngs):
         super().__init__(dim, epsilon=eps, param_dtype=param_dtype, rngs=rngs)
@@ -37,14 +57,16 @@ class T5LayerNorm(nnx.RMSNorm):
     def __call__(self, x):
         if not self.float32_variance:
             return super().__call__(x)
-        variance = jnp.mean(jnp.square(x.astype(jnp.float32)), axis=-1, keepdims=True)
+        variance = jnp.mean(jnp.square(at_least_float32(x)), axis=-1, keepdims=True)
         return self.scale[...] * (x * jax.lax.rsqrt(variance + self.epsilon))
 
 
-def relative_position_bucket(t: int, s: int, bidirectional: bool, buckets: int, max_distance: int):
+def relative_position_bucket(
+    t: int, s: int, bidirectional: bool, buckets: int, max_distance: int, dtype=np.float32
+):
     """T5's bucket of each (query, key) offset, as numpy integers (shapes are static): half the
-    buckets exact offsets, the rest logarithmic up to max_distance; the log in float32 as
-    torch's `.float()`."""
+    buckets exact offsets, the rest logarithmic up to max_distance; the log in `dtype`, torch's
+    `.float()` (float32, or float64 where a float64 run promotes it)."""
     rel = np.arange(s)[None, :] - np.arange(t)[:, None]
     out = np.zeros_like(rel)
     if bidirectional:
@@ -55,10 +77,8 @@ def relative_position_bucket(t: int, s: int, bidirectional: bool, buckets: int, 
         rel = -np.minimum(rel, 0)
     exact = buckets // 2
     with np.errstate(divide="ignore", invalid="ignore"):  # log(0): those take the exact bucket
-        scaled = np.log(rel.astype(np.float32) / np.float32(exact)) / np.float32(
-            math.log(max_distance / exact)
-        )
-    large = exact + (scaled * np.float32(buckets - exact)).astype(np.int64)
+        scaled = np.log(rel.astype(dtype) / dtype(exact)) / dtype(math.log(max_distance / exact))
+        large = exact + (scaled * dtype(buckets - exact)).astype(np.int64)
     large = np.minimum(large, buckets - 1)
     return out + np.where(rel < exact, rel, large)
 
@@ -82,8 +102,11 @@ class T5Attention(nnx.Module):
             else None
         )
 
-    def compute_bias(self, t: int, s: int):
-        bucket = relative_position_bucket(t, s, True, self.buckets, self.max_distance)
+    def compute_bias(self, t: int, s: int, dtype=jnp.float32):
+        at_least_float32 = np.promote_types(dtype, np.float32).type
+        bucket = relative_position_bucket(
+            t, s, True, self.buckets, self.max_distance, at_least_float32
+        )
         values = self.relative_attention_bias(jnp.asarray(bucket))  # (t, s, heads)
         return jnp.transpose(values, (2, 0, 1))[None]
 
@@ -95,7 +118,7 @@ class T5Attention(nnx.Module):
 
         q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))
         if position_bias is None:
-            position_bias = self.compute_bias(t, t)
+            position_bias = self.compute_bias(t, t, x.dtype)
         scores = q @ jnp.swapaxes(k, -1, -2) + position_bias  # T5 does not scale by 1/sqrt(d)
         if mask is not None:
             scores = scores + mask
@@ -164,6 +187,99 @@ class T5Block(nnx.Module):
     def __call__(self, hidden_states, attention_mask=None):
         hidden_states, position_bias, _ = self.layer[0](hidden_states, attention_mask)
         return self.layer[1](hidden_states), position_bias, None
+
+
+# ---------------------------------------------------------------------------------------- Llama
+
+
+class LlamaRMSNorm(nnx.RMSNorm):
+    """transformers' LlamaRMSNorm: weight * (x * rsqrt(mean(x^2) + eps)), computed in at least
+    float32 and rounded back to the input's dtype before the weight."""
+
+    def __call__(self, x):
+        h = at_least_float32(x)
+        h = h * jax.lax.rsqrt(jnp.mean(jnp.square(h), axis=-1, keepdims=True) + self.epsilon)
+        return self.scale[...] * h.astype(x.dtype)
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+class LlamaAttention(nnx.Module):
+    """Grouped-query attention with rotary tables given as inputs (cos, sin of shape
+    (B, T, head_dim), as LlamaModel computes them once for every layer). Heads stay on their own
+    axis: q (B, T, N, H), k and v (B, T, K, H) with K key/value heads, each serving N / K
+    consecutive query heads (transformers' repeat_kv). `tile_kv`: query head n reads key head
+    n % K instead (wrong on purpose)."""
+
+    def __init__(self, cfg, *, tile_kv=False, param_dtype, rngs):
+        n, k, h, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
+        dt = dict(use_bias=cfg.attention_bias, param_dtype=param_dtype, rngs=rngs)
+        self.q_proj = nnx.LinearGeneral(d, (n, h), **dt)
+        self.k_proj = nnx.LinearGeneral(d, (k, h), **dt)
+        self.v_proj = nnx.LinearGeneral(d, (k, h), **dt)
+        self.o_proj = nnx.LinearGeneral((n, h), d, axis=(-2, -1), **dt)
+        self.groups, self.scaling, self.tile_kv = n // k, h**-0.5, tile_kv
+
+    def __call__(self, hidden_states, position_embeddings, attention_mask=None):
+        x_btd = hidden_states
+        q_btnh, k_btkh, v_btkh = self.q_proj(x_btd), self.k_proj(x_btd), self.v_proj(x_btd)
+        cos_bt1h, sin_bt1h = (t[:, :, None, :] for t in position_embeddings)
+        q_btnh = q_btnh * cos_bt1h + rotate_half(q_btnh) * sin_bt1h
+        k_btkh = k_btkh * cos_bt1h + rotate_half(k_btkh) * sin_bt1h
+        k_btnh, v_btnh = self._per_query_head(k_btkh), self._per_query_head(v_btkh)
+        scores_bnts = jnp.einsum("btnh,bsnh->bnts", q_btnh, k_btnh) * self.scaling
+        if (
+            attention_mask is not None
+        ):  # additive: 0 where a key is seen, a large negative where not
+            scores_bnts = scores_bnts + attention_mask
+        # transformers' eager softmax is float32 (dtype=torch.float32), then cast back
+        weights_bnts = jax.nn.softmax(at_least_float32(scores_bnts), axis=-1).astype(q_btnh.dtype)
+        out_btnh = jnp.einsum("bnts,bsnh->btnh", weights_bnts, v_btnh)
+        return self.o_proj(out_btnh), weights_bnts
+
+    def _per_query_head(self, x_btkh):
+        if self.tile_kv:  # wrong on purpose: key head n % K for query head n
+            return jnp.tile(x_btkh, (1, 1, self.groups, 1))
+        return jnp.repeat(x_btkh, self.groups, axis=2)  # repeat_kv: key head n // (N / K)
+
+
+class LlamaMLP(nnx.Module):
+    def __init__(self, cfg, *, param_dtype, rngs):
+        dt = dict(use_bias=cfg.mlp_bias, param_dtype=param_dtype, rngs=rngs)
+        self.gate_proj = nnx.Linear(cfg.hidden_size, cfg.intermediate_size, **dt)
+        self.up_proj = nnx.Linear(cfg.hidden_size, cfg.intermediate_size, **dt)
+        self.down_proj = nnx.Linear(cfg.intermediate_size, cfg.hidden_size, **dt)
+
+    def __call__(self, x):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+
+
+class LlamaDecoderLayer(nnx.Module):
+    """transformers' LlamaDecoderLayer: pre-norm attention and SwiGLU, each with a residual.
+    `post_norm_eps` replaces the config's epsilon in post_attention_layernorm (wrong on purpose
+    where it differs)."""
+
+    def __init__(self, cfg, *, post_norm_eps=None, tile_kv=False, param_dtype="float32", rngs):
+        norm = dict(param_dtype=param_dtype, rngs=rngs)
+        self.self_attn = LlamaAttention(cfg, tile_kv=tile_kv, param_dtype=param_dtype, rngs=rngs)
+        self.mlp = LlamaMLP(cfg, param_dtype=param_dtype, rngs=rngs)
+        self.input_layernorm = LlamaRMSNorm(cfg.hidden_size, epsilon=cfg.rms_norm_eps, **norm)
+        eps = cfg.rms_norm_eps if post_norm_eps is None else post_norm_eps
+        self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden_size, epsilon=eps, **norm)
+
+    def __call__(self, hidden_states, attention_mask=None, position_embeddings=None):
+        residual = hidden_states
+        # by keyword, as transformers calls it: the diff then compares the attention's inputs too
+        h, _ = self.self_attn(
+            hidden_states=self.input_layernorm(hidden_states),
+            attention_mask=attention_mask,
+            position_embeddings=position_embeddings,
+        )
+        h = residual + h
+        return h + self.mlp(self.post_attention_layernorm(h))
 
 
 # ------------------------------------------------------------------------------------------ SAM
