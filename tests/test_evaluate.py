@@ -475,7 +475,7 @@ def test_trajectories_without_noise_are_refused_in_one_line(noise):
 
     with pytest.raises(ConfigError, match=r"--trajectories 8 without noise .* add --noise SIGMA"):
         _scaling(8, noise, None, None, None, 0)
-    assert _scaling(1, 0.0, None, None, None, 0)["trajectories"] == 1
+    assert _scaling(1, 0.0, None, None, None, 0).trajectories == 1
 
 
 def test_plot_without_matplotlib_is_one_line_before_the_evaluation(

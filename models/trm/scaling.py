@@ -31,12 +31,24 @@ K=1 with sigma 0 is the plain evaluation, exactly (the same eval_step on the sam
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 
 from models.trm.eval_step import LatentNoise, eval_step
 from models.trm.losses import IGNORE_LABEL_ID
 
 SELECT = ("q_halt", "vote")
+
+
+@dataclasses.dataclass(frozen=True)
+class Scaling:
+    """Test-time scaling options (hashable: a jit cache key): K trajectories per puzzle, the noise
+    on their latents, how one answer is chosen (one of SELECT)."""
+
+    trajectories: int
+    noise: LatentNoise
+    select: str = "q_halt"
 
 
 def prefix_ks(trajectories: int) -> tuple[int, ...]:

@@ -29,7 +29,7 @@ from data.sudoku import check_sudoku_pairs, sudoku_split
 from data.sudoku_sources import read_sudoku_csv
 from models.trm.eval_step import LatentNoise, eval_step, noised_latents
 from models.trm.models import INNERS
-from models.trm.scaling import SELECT
+from models.trm.scaling import SELECT, Scaling
 from train.errors import ConfigError
 from train.families.trm.show import (
     check_plot_possible,
@@ -139,7 +139,7 @@ def sudoku_csv_dataset(csv_path: str, out_dir: str) -> str:
     return out_dir
 
 
-def _scaling(trajectories, noise, select, seed, noise_latents, show) -> dict | None:
+def _scaling(trajectories, noise, select, seed, noise_latents, show) -> Scaling | None:
     """The test-time scaling options, checked (None: the plain evaluation)."""
     given = {"--noise": noise, "--select": select, "--seed": seed, "--noise-latents": noise_latents}
     if trajectories is None and noise is None:
@@ -162,11 +162,7 @@ def _scaling(trajectories, noise, select, seed, noise_latents, show) -> dict | N
             "--show draws the plain recursion; it does not combine with --trajectories / --noise"
         )
     latents = tuple(noise_latents.split(",")) if noise_latents else None
-    return {
-        "trajectories": K,
-        "noise": LatentNoise(float(noise or 0.0), int(seed or 0), latents),
-        "select": select or "q_halt",
-    }
+    return Scaling(K, LatentNoise(float(noise or 0.0), int(seed or 0), latents), select or "q_halt")
 
 
 def _trajectories_table(t: dict) -> list[str]:
@@ -183,29 +179,16 @@ def _trajectories_table(t: dict) -> list[str]:
     return lines
 
 
-def _run(task, state, data, *, batch, extra_steps, halt, evaluator, progress, scaling):
-    """run_eval, or run_trajectories with the scaling options."""
-    if scaling is None:
-        return task.run_eval(
-            state, data_dir=data, batch_size=batch, extra_steps=extra_steps, halt=halt,
-            evaluator=evaluator, progress=progress,
-        )  # fmt: skip
-    return task.run_trajectories(
-        state, data_dir=data, rows=batch, extra_steps=extra_steps, halt=halt,
-        evaluator=evaluator, progress=progress, **scaling,
-    )  # fmt: skip
-
-
-def _scaling_report(task, res: dict, scaling: dict) -> dict:
+def _scaling_report(task, res: dict, scaling: Scaling) -> dict:
     """The report's `trajectories` block; with K > 1 the headline accuracies are the chosen
     answers' (K = 1: the plain evaluation's own, unchanged)."""
-    noise, K = scaling["noise"], scaling["trajectories"]
+    noise, K = scaling.noise, scaling.trajectories
     latents = noise.latents or noised_latents(INNERS[task.model_cfg.arch].latent_names)
     block = {
         "trajectories": K,
         "noise": noise.sigma,
         "latents": list(latents),
-        "select": scaling["select"],
+        "select": scaling.select,
         "seed": noise.seed,
         "trajectory_count": int(res["trajectory_count"]),
         "by_k": {
@@ -231,12 +214,12 @@ def evaluate_trm(task, state, data: str, *, trained_on=None, extra_steps=0, halt
     `scaling` (the checked test-time scaling options) adds K noisy trajectories per puzzle."""
     if extra_steps < 0:
         raise ConfigError(f"--extra-steps {extra_steps}: expected >= 0")
-    if scaling is not None and scaling["noise"].latents:
+    if scaling is not None and scaling.noise.latents:
         names = INNERS[task.model_cfg.arch].latent_names
-        unknown = [n for n in scaling["noise"].latents if n not in names]
+        unknown = [n for n in scaling.noise.latents if n not in names]
         if unknown:
             raise ConfigError(
-                f"--noise-latents {','.join(scaling['noise'].latents)}: {unknown[0]!r} is not a "
+                f"--noise-latents {','.join(scaling.noise.latents)}: {unknown[0]!r} is not a "
                 f"latent of arch {task.model_cfg.arch} (its latents: {', '.join(names)})"
             )
     task.check_eval_data(data, trained_on)
@@ -246,9 +229,9 @@ def evaluate_trm(task, state, data: str, *, trained_on=None, extra_steps=0, halt
         check_batch_divisible(task.mesh, task.cfg.mesh.rules, {"--batch": batch})
     is_arc = os.path.isfile(os.path.join(data, "test_puzzles.json"))
     evaluator = ARCEvaluator(data) if is_arc else None  # one checkpoint alone: fresh votes
-    res = _run(
-        task, state, data, batch=batch, extra_steps=extra_steps, halt=halt, evaluator=evaluator,
-        progress=progress, scaling=scaling,
+    res = task.run_eval(
+        state, data_dir=data, batch_size=batch, extra_steps=extra_steps, halt=halt,
+        scaling=scaling, evaluator=evaluator, progress=progress,
     )  # fmt: skip
     m = res["metrics"]
     n = task.model_cfg.halt_max_steps

@@ -31,11 +31,11 @@ from tqdm import tqdm
 from data.arc_eval import ARCEvaluator
 from data.puzzle_source import PuzzleTestDataset, PuzzleTrainDataset
 from models.trm import TRM, TRMConfig
-from models.trm.eval_step import LatentNoise, eval_step
+from models.trm.eval_step import eval_step
 from models.trm.flops import trm_flops_per_step
 from models.trm.losses import normalize_metrics
 from models.trm.optim import total_steps as schedule_steps
-from models.trm.scaling import prefix_ks, trajectories_step
+from models.trm.scaling import Scaling, prefix_ks, trajectories_step
 from models.trm.train_step import TRMOptimConfig, ema_model, init_train_state, train_step
 from parity.files import load_file
 from parity.trm_params import from_torch, to_torch
@@ -257,130 +257,93 @@ class TRMTask(Task):
         return out
 
     def run_eval(self, state, *, data_dir: str | None = None, batch_size: int | None = None,
-                 extra_steps: int = 0, halt: bool = False, evaluator=None,
-                 progress: bool = False) -> dict | None:  # fmt: skip
+                 extra_steps: int = 0, halt: bool = False, scaling: Scaling | None = None,
+                 evaluator=None, progress: bool = False) -> dict | None:  # fmt: skip
         """The evaluation loop the trainer runs (`evaluate`) and `python -m train.evaluate`
         runs: every test batch of `data_dir` (default data.path) through the jitted, sharded
         eval step (models/trm/eval_step.py), summed on device, normalised as upstream.
         -> {"metrics", "per_step": {"exact_accuracy": [...], "accuracy": [...]}, "count",
         "evaluator"} (None without a test split). `evaluator` (ARCEvaluator) gets every batch's
-        predictions and q_halt logits."""
+        predictions (the chosen ones with `scaling`) and q_halt logits.
+
+        With `scaling` (test-time scaling, models/trm/scaling.py): `scaling.trajectories` noisy
+        copies of every test puzzle, one answer chosen per puzzle, as batches of `batch_size` rows
+        (rows // trajectories puzzles, a multiple of the data-parallel shards, at least one per
+        shard); the result adds "trajectory_count", "chosen" (the chosen answers' metrics) and
+        "by_k" (k -> their metrics had only the first k trajectories been drawn, and the oracle);
+        `metrics` and `per_step` are then over every trajectory and `count` counts puzzles."""
         data_dir = data_dir or self.data_dir
         if not os.path.exists(os.path.join(data_dir, "test", "dataset.json")):
             return None
         batch = batch_size or self.data_cfg.eval_batch_size or self.batch
+        if scaling is not None:  # puzzles per batch
+            shards = mesh_lib.batch_shards(self.mesh, self.cfg.mesh.rules)
+            batch = max(batch // scaling.trajectories // shards, 1) * shards
         ds = PuzzleTestDataset(data_dir, global_batch_size=batch)
-        shapes = self.batch_shapes(batch)
-        fn = self._eval_fn_for(batch, int(extra_steps), bool(halt))
-        total, per_step = None, None
-        for local in tqdm(ds, desc="evaluate", unit="batch", disable=not progress):
+        fn, shapes = self._eval_fn_for(batch, int(extra_steps), bool(halt), scaling)
+        summed = ("sums", "per_step") + (("chosen", "by_k") if scaling is not None else ())
+        total = None
+        for i, local in enumerate(tqdm(ds, desc="evaluate", unit="batch", disable=not progress)):
+            if scaling is not None:  # each puzzle's own noise, whatever the batching
+                first = i * ds.global_batch_size + ds.row_start
+                local = {**local, "example": np.arange(first, first + ds.local_batch_size)}
             out = fn(state["train"], self.to_global(local, shapes))
-            total = out["sums"] if total is None else jax.tree.map(jnp.add, total, out["sums"])
-            steps = out["per_step"]
-            per_step = steps if per_step is None else jax.tree.map(jnp.add, per_step, steps)
+            sums = {k: out[k] for k in summed}
+            total = sums if total is None else jax.tree.map(jnp.add, total, sums)
             if evaluator is not None:
                 rows = {k: _local_rows(out[k]) for k in ("preds", "q_halt_logits")}
                 evaluator.update_batch(local, rows)
-        sums = {k: float(v) for k, v in jax.device_get(total).items()}  # host float64 from here
-        count = sums["count"]
-        per_step = {k: [float(x) / count for x in v] for k, v in jax.device_get(per_step).items()}
-        return {
-            "metrics": self.eval_metrics(sums),
-            "per_step": per_step,
+        # host float64 from here
+        total = jax.tree.map(lambda x: np.asarray(x, np.float64).tolist(), jax.device_get(total))
+        count = total["sums"]["count"]
+        result = {
+            "metrics": self.eval_metrics(total["sums"]),
+            "per_step": {k: [x / count for x in v] for k, v in total["per_step"].items()},
             "count": count,
             "evaluator": evaluator,
         }
+        if scaling is not None:
+            puzzles = total["chosen"]["count"]
+            result.update(
+                count=puzzles,
+                trajectory_count=count,
+                chosen={k: v / puzzles for k, v in total["chosen"].items() if k != "count"},
+                by_k={k: {m: v / puzzles for m, v in d.items()} for k, d in total["by_k"].items()},
+            )
+        return result
 
-    def run_trajectories(self, state, *, data_dir: str, rows: int | None = None,
-                         trajectories: int, noise: LatentNoise, select: str = "q_halt",
-                         extra_steps: int = 0, halt: bool = False, evaluator=None,
-                         progress: bool = False) -> dict:  # fmt: skip
-        """Test-time scaling (models/trm/scaling.py): `trajectories` noisy copies of every test
-        puzzle of `data_dir`, one answer chosen per puzzle by `select`, as one batch of `rows`
-        rows (default: the evaluation batch) per call, i.e. rows // trajectories puzzles (a
-        multiple of the data-parallel shards, at least one per shard). -> run_eval's result plus
-        "chosen" (the chosen answers' metrics) and "by_k" (k -> their metrics had only the first
-        k trajectories been drawn, and the oracle); `metrics` and `per_step` are over every
-        trajectory. `evaluator` gets the chosen answers."""
-        rows = rows or self.data_cfg.eval_batch_size or self.batch
-        shards = mesh_lib.batch_shards(self.mesh, self.cfg.mesh.rules)
-        puzzles = max(rows // trajectories // shards, 1) * shards
-        ds = PuzzleTestDataset(data_dir, global_batch_size=puzzles)
-        shapes = {**self.batch_shapes(puzzles), "example": ((puzzles,), np.int32, 0)}
-        ks = prefix_ks(trajectories)
-        fn = self._trajectories_fn_for(
-            puzzles, trajectories, noise, select, int(extra_steps), bool(halt), ks
-        )
-        total = None
-        for i, local in enumerate(tqdm(ds, desc="evaluate", unit="batch", disable=not progress)):
-            first = i * ds.global_batch_size + ds.row_start
-            local = {**local, "example": np.arange(first, first + ds.local_batch_size)}
-            out = fn(state["train"], self.to_global(local, shapes))
-            sums = {k: out[k] for k in ("sums", "chosen", "per_step", "by_k")}
-            total = sums if total is None else jax.tree.map(jnp.add, total, sums)
-            if evaluator is not None:
-                evaluator.update_batch(
-                    local, {k: _local_rows(out[k]) for k in ("preds", "q_halt_logits")}
-                )
-        # host float64 from here
-        total = jax.tree.map(lambda x: np.asarray(x, np.float64).tolist(), jax.device_get(total))
-        count, puzzles_counted = total["sums"]["count"], total["chosen"]["count"]
-        return {
-            "metrics": self.eval_metrics(total["sums"]),
-            "per_step": {k: [x / count for x in v] for k, v in total["per_step"].items()},
-            "count": puzzles_counted,
-            "trajectory_count": count,
-            "chosen": {k: v / puzzles_counted for k, v in total["chosen"].items() if k != "count"},
-            "by_k": {
-                k: {m: v / puzzles_counted for m, v in d.items()} for k, d in total["by_k"].items()
-            },
-            "evaluator": evaluator,
-        }
-
-    def _trajectories_fn_for(self, puzzles, trajectories, noise, select, extra_steps, halt, ks):
-        """The jitted trajectories_step for these options (one compile each)."""
-        key = ("trajectories", puzzles, trajectories, noise, select, extra_steps, halt, ks)
+    def _eval_fn_for(self, batch: int, extra_steps: int, halt: bool, scaling: Scaling | None):
+        """(the jitted eval step for this batch and these options, its batch shapes): one compile
+        each. With `scaling`, models/trm/scaling.py's trajectories_step over `batch` puzzles."""
+        shapes = self.batch_shapes(batch)
+        if scaling is not None:
+            shapes = {**shapes, "example": ((batch,), np.int32, 0)}
+        key = (batch, extra_steps, halt, scaling)
         if key not in self._eval_fns:
-            shapes = {**self.batch_shapes(puzzles), "example": ((puzzles,), np.int32, 0)}
             batch_sh = {k: v.sharding for k, v in self.abstract_batch(shapes).items()}
             replicated = mesh_lib.replicated(self.mesh)
             out_sh = {
                 "sums": replicated,
-                "chosen": replicated,
                 "per_step": replicated,
-                "by_k": replicated,
                 "preds": batch_sh["inputs"],
                 "q_halt_logits": self.batch_sharding(1),
             }
-            fn = functools.partial(
-                trajectories_step, self.graphdef, config=self.optim, trajectories=trajectories,
-                noise=noise, select=select, extra_steps=extra_steps, halt=halt, ks=ks,
-            )  # fmt: skip
+            if scaling is None:
+                fn = functools.partial(
+                    eval_step, self.graphdef, config=self.optim, extra_steps=extra_steps,
+                    halt=halt,
+                )  # fmt: skip
+            else:
+                out_sh.update(chosen=replicated, by_k=replicated)
+                fn = functools.partial(
+                    trajectories_step, self.graphdef, config=self.optim,
+                    trajectories=scaling.trajectories, noise=scaling.noise, select=scaling.select,
+                    extra_steps=extra_steps, halt=halt, ks=prefix_ks(scaling.trajectories),
+                )  # fmt: skip
             self._eval_fns[key] = jax.jit(
                 fn, in_shardings=(self.state_shardings["train"], batch_sh), out_shardings=out_sh
             )
-        return self._eval_fns[key]
-
-    def _eval_fn_for(self, batch: int, extra_steps: int, halt: bool):
-        """The jitted eval step for this batch size and these options (one compile each)."""
-        key = (batch, extra_steps, halt)
-        if key not in self._eval_fns:
-            batch_sh = {
-                k: v.sharding for k, v in self.abstract_batch(self.batch_shapes(batch)).items()
-            }
-            out_sh = {
-                "sums": mesh_lib.replicated(self.mesh),
-                "per_step": mesh_lib.replicated(self.mesh),
-                "preds": batch_sh["inputs"],
-                "q_halt_logits": self.batch_sharding(1),
-            }
-            fn = functools.partial(
-                eval_step, self.graphdef, config=self.optim, extra_steps=extra_steps, halt=halt
-            )
-            self._eval_fns[key] = jax.jit(
-                fn, in_shardings=(self.state_shardings["train"], batch_sh), out_shardings=out_sh
-            )
-        return self._eval_fns[key]
+        return self._eval_fns[key], shapes
 
     def _evaluator(self):
         """data.arc_eval.ARCEvaluator when configured (data.evaluator: arc). One instance per
