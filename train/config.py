@@ -23,6 +23,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
+from models.fields import out_of_range
 from train.compilation_cache import DEFAULT_DIR, DEFAULT_MIN_COMPILE_SECS
 from train.errors import ConfigError
 
@@ -199,25 +200,14 @@ def build_dataclass(cls, mapping, where: str):
         raise ConfigError(f"{where}: {cls.__name__}({mapping}) failed: {e}") from e
 
 
-# Ranges of numeric fields whose other values make no sense (check_ranges).
-_RANGES = {
-    ">0": (lambda v: v > 0, "> 0"),
-    ">=0": (lambda v: v >= 0, ">= 0"),
-    "[0,1)": (lambda v: 0 <= v < 1, "in [0, 1)"),
-    "[0,1]": (lambda v: 0 <= v <= 1, "in [0, 1]"),
-}
-
-
-def check_ranges(mapping, where: str, rules: dict[str, str]) -> None:
-    """ConfigError for the first key of `rules` whose value in `mapping` is out of its range
-    (">0", ">=0", "[0,1)" or "[0,1]"); keys absent from `mapping` are not checked."""
-    for key, rule in rules.items():
-        value = mapping.get(key) if hasattr(mapping, "get") else getattr(mapping, key, None)
-        if value is None or isinstance(value, bool) or not isinstance(value, int | float):
-            continue
-        ok, text = _RANGES[rule]
-        if not ok(value):
-            raise ConfigError(f"{where}.{key} must be {text}, got {value!r}")
+def check_ranges(mapping, where: str, cls) -> None:
+    """ConfigError for the first field of dataclass `cls` whose value in `mapping` is out of the
+    range its metadata states (models.fields.ranged); keys absent from `mapping` are not checked."""
+    values = mapping if hasattr(mapping, "get") else vars(mapping)
+    bad = out_of_range(values, cls)
+    if bad is not None:
+        key, text, value = bad
+        raise ConfigError(f"{where}.{key} must be {text}, got {value!r}")
 
 
 def _positive(value, where: str, allow_zero: bool = False):

@@ -27,6 +27,7 @@ from models.attention import (
     cudnn_unsupported_without_device,
     resolve_attention_impl,
 )
+from models.fields import check_ranges, ranged
 
 _DTYPES = {"float32": jnp.float32, "float64": jnp.float64, "bfloat16": jnp.bfloat16}
 
@@ -35,12 +36,12 @@ _DTYPES = {"float32": jnp.float32, "float64": jnp.float64, "bfloat16": jnp.bfloa
 class GPTConfig:
     """nanoGPT's GPTConfig (same names and defaults) plus the JAX compute policy."""
 
-    block_size: int = 1024
-    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
+    block_size: int = ranged(1024, ">0")
+    vocab_size: int = ranged(50304, ">0")  # GPT-2's 50257 padded up to a multiple of 64
+    n_layer: int = ranged(12, ">0")
+    n_head: int = ranged(12, ">0")
+    n_embd: int = ranged(768, ">0")
+    dropout: float = ranged(0.0, "[0,1)")
     bias: bool = True  # nanoGPT's GPTConfig default; its train.py uses False
     dtype: str = "float32"  # compute dtype: float32 | bfloat16 | float64 (float64 params too)
     # False: exact erf GELU (nanoGPT since June 2023). True: tanh form (HF GPT-2 / older nanoGPT).
@@ -50,6 +51,7 @@ class GPTConfig:
     attention_impl: str = "auto"
 
     def __post_init__(self):
+        check_ranges(self)
         if self.dtype not in _DTYPES:
             raise ValueError(
                 f"GPTConfig.dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}"

@@ -27,6 +27,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from models.fields import check_ranges, ranged
 from models.gpt.modeling import GPT
 
 
@@ -34,16 +35,19 @@ from models.gpt.modeling import GPT
 class GPTOptimConfig:
     """nanoGPT train.py's optimiser keys (names and defaults of train.py): the `optim` section."""
 
-    learning_rate: float = 6e-4
-    max_iters: int = 600000
-    weight_decay: float = 1e-1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
+    learning_rate: float = ranged(6e-4, ">0")
+    max_iters: int = ranged(600000, ">=0")
+    weight_decay: float = ranged(1e-1, ">=0")
+    beta1: float = ranged(0.9, "[0,1)")
+    beta2: float = ranged(0.95, "[0,1)")
+    grad_clip: float = ranged(1.0, ">=0")
     decay_lr: bool = True
-    warmup_iters: int = 2000
-    lr_decay_iters: int = 600000
-    min_lr: float = 6e-5
+    warmup_iters: int = ranged(2000, ">=0")
+    lr_decay_iters: int = ranged(600000, ">=0")
+    min_lr: float = ranged(6e-5, ">=0")
+
+    def __post_init__(self):
+        check_ranges(self)
 
     def schedule(self) -> Callable:
         """nanoGPT's get_lr as an optax schedule of the update count (`lr_schedule`)."""

@@ -6,6 +6,7 @@ import dataclasses
 
 # TRMConfig.attention_impl: the same values and rules as GPTConfig's (models/attention.py).
 from models.attention import ATTENTION_IMPLS
+from models.fields import check_ranges, ranged
 
 ARCHS = ("trm", "hrm", "trm_singlez", "trm_hier6", "transformers_baseline")
 # TRMConfig.remat_policy: what jax.checkpoint keeps of a block for the backward pass (the names of
@@ -31,26 +32,26 @@ class TRMConfig:
     seq_len: int = 81
     # The upstream class default is 0, but every arch yaml sets it to hidden_size; we default to
     # the value that actually runs (README Sudoku/ARC/Maze commands).
-    puzzle_emb_ndim: int = 512
+    puzzle_emb_ndim: int = ranged(512, ">=0")
     num_puzzle_identifiers: int = 1
     vocab_size: int = 11
 
     # arch/trm.yaml
-    H_cycles: int = 3
-    L_cycles: int = 6
-    H_layers: int = 0  # ignored by TRM; HRM and the transformer baseline use it
-    L_layers: int = 2
-    hidden_size: int = 512
-    expansion: float = 4
-    num_heads: int = 8
+    H_cycles: int = ranged(3, ">0")
+    L_cycles: int = ranged(6, ">0")
+    H_layers: int = ranged(0, ">=0")  # ignored by TRM; HRM and the transformer baseline use it
+    L_layers: int = ranged(2, ">=0")
+    hidden_size: int = ranged(512, ">0")
+    expansion: float = ranged(4, ">0")
+    num_heads: int = ranged(8, ">0")
     pos_encodings: str = "rope"  # "rope" | "learned" | anything else: none
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    halt_max_steps: int = 16
+    halt_max_steps: int = ranged(16, ">0")
     halt_exploration_prob: float = 0.1
     forward_dtype: str = "bfloat16"
     mlp_t: bool = False
-    puzzle_emb_len: int = 16  # 0: ceil(puzzle_emb_ndim / hidden_size)
+    puzzle_emb_len: int = ranged(16, ">=0")  # 0: ceil(puzzle_emb_ndim / hidden_size)
     no_ACT_continue: bool = True
 
     # transformers_baseline (Model_ACTV2) switches
@@ -70,6 +71,7 @@ class TRMConfig:
     embed_grad: str = "onehot"
 
     def __post_init__(self):
+        check_ranges(self)
         if self.arch not in ARCHS:
             raise ValueError(f"TRMConfig.arch={self.arch!r}: expected one of {ARCHS}")
         if self.forward_dtype not in ("float32", "bfloat16", "float64", "float16"):

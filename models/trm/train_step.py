@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
+from models.fields import check_ranges, ranged
 from models.trm.layers import PuzzleTable
 from models.trm.losses import act_loss
 from models.trm.optim import (
@@ -49,20 +50,24 @@ from models.trm.optim import (
 
 @dataclasses.dataclass(frozen=True)
 class TRMOptimConfig:
-    """The optimisation fields of upstream's cfg_pretrain.yaml (same names, same defaults)."""
+    """The optimisation fields of upstream's cfg_pretrain.yaml (same names and defaults, but
+    `ema`: True here, False there; configs/optim/trm.yaml sets upstream's), plus the trainer's
+    batch size and step count, which the loss scale and the schedule read."""
 
-    global_batch_size: int = 768
-    total_steps: int = 1  # optim.total_steps(epochs, total_groups, mean_puzzle_examples, gbs)
-    lr: float = 1e-4
-    lr_min_ratio: float = 1.0
-    lr_warmup_steps: int = 2000
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    puzzle_emb_lr: float = 1e-2
-    puzzle_emb_weight_decay: float = 0.1
+    global_batch_size: int = ranged(768, ">0")
+    total_steps: int = ranged(
+        1, ">0"
+    )  # optim.total_steps(epochs, total_groups, mean_puzzle_examples, gbs)
+    lr: float = ranged(1e-4, ">0")
+    lr_min_ratio: float = ranged(1.0, "[0,1]")
+    lr_warmup_steps: int = ranged(2000, ">=0")
+    weight_decay: float = ranged(0.1, ">=0")
+    beta1: float = ranged(0.9, "[0,1)")
+    beta2: float = ranged(0.95, "[0,1)")
+    puzzle_emb_lr: float = ranged(1e-2, ">=0")
+    puzzle_emb_weight_decay: float = ranged(0.1, ">=0")
     ema: bool = True
-    ema_rate: float = 0.999
+    ema_rate: float = ranged(0.999, "[0,1]")
     freeze_weights: bool = False  # upstream: train only the puzzle table
     # passed to models.trm.act_loss: upstream's stablemax runs in float64, which needs jax x64;
     # "float32" accepts a float32 loss instead (see docs/porting_trm.md)
@@ -73,19 +78,12 @@ class TRMOptimConfig:
     table_update: str = "auto"
 
     def __post_init__(self):
-        if self.global_batch_size <= 0:
-            raise ValueError(
-                f"TRMOptimConfig.global_batch_size must be > 0, got {self.global_batch_size}"
-            )
-        if self.total_steps <= 0:
-            raise ValueError(f"TRMOptimConfig.total_steps must be > 0, got {self.total_steps}")
+        check_ranges(self)
         if self.table_update not in TABLE_UPDATES:
             raise ValueError(
                 f"TRMOptimConfig.table_update={self.table_update!r}: expected one of "
                 f"{TABLE_UPDATES}"
             )
-        if not 0.0 <= self.ema_rate <= 1.0:
-            raise ValueError(f"TRMOptimConfig.ema_rate must be in [0, 1], got {self.ema_rate}")
 
     def schedule(self, step, base_lr: float):
         return trm_lr(

@@ -18,6 +18,7 @@ import numpy as np
 from data.download import DownloadError
 from data.shakespeare_char import build as build_shakespeare_char
 from data.text_source import read_meta, read_token_bin, train_dataset
+from models.fields import ranged
 from train.errors import ConfigError
 from train.task import build_once
 
@@ -31,10 +32,7 @@ class GPTDataConfig:
     path: str = ""  # a directory with train.bin / val.bin / meta.json (data.text_source)
     build: str | None = None  # shakespeare_char: built into `path` when it has no train.bin
     input: str = ""  # the builder's input.txt (empty: downloaded); read only when building
-    sample_tokens: int = 0  # characters generated at each eval (0: none)
-
-
-DATA_RANGES = {"sample_tokens": ">=0"}  # train.config.check_ranges
+    sample_tokens: int = ranged(0, ">=0")  # characters generated at each eval (0: none)
 
 
 def prepare_data(d: dict) -> dict:

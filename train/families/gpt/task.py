@@ -33,34 +33,12 @@ from parity.gpt_params import from_torch_file, to_torch
 from train.config import build_dataclass, check_fields, check_ranges
 from train.errors import ConfigError
 from train.families.gpt.data import (
-    DATA_RANGES,
     GPTDataConfig,
     check_text_data,
     prepare_data,
     train_iterator,
 )
 from train.task import Task, record_in_config
-
-# Values that make no sense (train.config.check_ranges).
-_OPTIM_RANGES = {
-    "learning_rate": ">0",
-    "min_lr": ">=0",
-    "weight_decay": ">=0",
-    "beta1": "[0,1)",
-    "beta2": "[0,1)",
-    "grad_clip": ">=0",
-    "max_iters": ">=0",
-    "warmup_iters": ">=0",
-    "lr_decay_iters": ">=0",
-}
-_MODEL_RANGES = {
-    "block_size": ">0",
-    "vocab_size": ">0",
-    "n_layer": ">0",
-    "n_head": ">0",
-    "n_embd": ">0",
-    "dropout": "[0,1)",
-}
 
 
 class GPTTask(Task):
@@ -71,11 +49,11 @@ class GPTTask(Task):
     @classmethod
     def validate_config(cls, cfg) -> None:
         check_fields(GPTDataConfig, cfg.data, "data")
-        check_ranges(cfg.data, "data", DATA_RANGES)
+        check_ranges(cfg.data, "data", GPTDataConfig)
         check_fields(GPTConfig, cfg.model, "model")
-        check_ranges(cfg.model, "model", _MODEL_RANGES)
+        check_ranges(cfg.model, "model", GPTConfig)
         check_fields(GPTOptimConfig, cfg.optim, "optim")
-        check_ranges(cfg.optim, "optim", _OPTIM_RANGES)
+        check_ranges(cfg.optim, "optim", GPTOptimConfig)
         o = {**dataclasses.asdict(GPTOptimConfig()), **cfg.optim}
         if o["decay_lr"] and o["lr_decay_iters"] < o["warmup_iters"]:
             raise ConfigError("optim.lr_decay_iters must be >= optim.warmup_iters")

@@ -15,6 +15,7 @@ import logging
 import os
 
 from data.puzzle_format import load_metadata, load_split
+from models.fields import ranged
 from train.errors import ConfigError
 from train.task import build_once
 
@@ -28,30 +29,21 @@ class TRMDataConfig:
     path: str = ""  # upstream's layout: train/ and test/ with dataset.json and .npy arrays
     build: str | None = None  # a data module (data.sudoku_easy, ...) run when `path` is empty
     build_args: list = dataclasses.field(default_factory=list)  # its command-line arguments
-    eval_interval_epochs: int = 0  # upstream eval_interval: epochs per iteration (0: epochs)
-    eval_batch_size: int = 0  # 0: trainer.global_batch_size
+    eval_interval_epochs: int = ranged(
+        0, ">=0"
+    )  # upstream eval_interval: epochs per iteration (0: epochs)
+    eval_batch_size: int = ranged(0, ">=0")  # 0: trainer.global_batch_size
     evaluator: str = ""  # "" or arc (data.arc_eval)
     # The data set's sizes. Read from its train/dataset.json when it is on disk (and recorded here
     # in the run's config.yaml); these values serve when it is not (AOT compilation).
-    seq_len: int = 81
-    vocab_size: int = 11
-    num_puzzle_identifiers: int = 1
-    total_groups: int = 1000
-    mean_puzzle_examples: float = 1.0
+    seq_len: int = ranged(81, ">0")
+    vocab_size: int = ranged(11, ">0")
+    num_puzzle_identifiers: int = ranged(1, ">0")
+    total_groups: int = ranged(1000, ">0")
+    mean_puzzle_examples: float = ranged(1.0, ">0")
 
 
 SIZES = ("seq_len", "vocab_size", "num_puzzle_identifiers", "total_groups", "mean_puzzle_examples")
-
-# Values that make no sense (train.config.check_ranges).
-DATA_RANGES = {
-    "eval_interval_epochs": ">=0",
-    "eval_batch_size": ">=0",
-    "seq_len": ">0",
-    "vocab_size": ">0",
-    "num_puzzle_identifiers": ">0",
-    "total_groups": ">0",
-    "mean_puzzle_examples": ">0",
-}
 
 
 def prepare_data(d) -> None:

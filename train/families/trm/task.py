@@ -43,7 +43,6 @@ from train import mesh as mesh_lib
 from train.config import build_dataclass, check_fields, check_ranges
 from train.errors import ConfigError
 from train.families.trm.data import (
-    DATA_RANGES,
     SIZES,
     TRMDataConfig,
     check_batch_fits,
@@ -56,23 +55,6 @@ from train.families.trm.data import (
 from train.task import Task, record_in_config
 
 log = logging.getLogger(__name__)
-
-# Values that make no sense (train.config.check_ranges).
-_MODEL_RANGES = {
-    k: ">0"
-    for k in ("hidden_size", "num_heads", "expansion", "H_cycles", "L_cycles", "halt_max_steps")
-} | {"L_layers": ">=0", "H_layers": ">=0", "puzzle_emb_ndim": ">=0", "puzzle_emb_len": ">=0"}
-_OPTIM_RANGES = {
-    "lr": ">0",
-    "lr_min_ratio": "[0,1]",
-    "lr_warmup_steps": ">=0",
-    "weight_decay": ">=0",
-    "beta1": "[0,1)",
-    "beta2": "[0,1)",
-    "puzzle_emb_lr": ">=0",
-    "puzzle_emb_weight_decay": ">=0",
-    "ema_rate": "[0,1]",
-}
 
 # Fields of TRMOptimConfig the trainer fills (from trainer.*), not optim.*
 _TRAINER_FIELDS = ("global_batch_size", "total_steps")
@@ -90,10 +72,10 @@ class TRMTask(Task):
     @classmethod
     def validate_config(cls, cfg) -> None:
         check_fields(TRMDataConfig, cfg.data, "data")
-        check_ranges(cfg.data, "data", DATA_RANGES)
+        check_ranges(cfg.data, "data", TRMDataConfig)
         check_fields(TRMConfig, cfg.model, "model")
-        check_ranges(cfg.model, "model", _MODEL_RANGES)
-        check_ranges(cfg.optim, "optim", _OPTIM_RANGES)
+        check_ranges(cfg.model, "model", TRMConfig)
+        check_ranges(cfg.optim, "optim", TRMOptimConfig)
         if cfg.data.get("evaluator", "") not in ("", "arc"):
             raise ConfigError(f"data.evaluator={cfg.data.evaluator!r}: expected '' or 'arc'")
         bad = sorted(set(cfg.optim or {}) & set(_TRAINER_FIELDS))
