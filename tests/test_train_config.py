@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import math
 import os
+import pathlib
 
 import jax
 import pytest
@@ -171,7 +172,8 @@ def test_x64_is_needed_only_for_trm_with_the_float64_loss():
 
 @pytest.mark.parametrize("experiment", ["trm_sudoku_tiny", "hrm_sudoku"])
 def test_remat_and_scan_are_plain_overrides(experiment):
-    """configs/model/{trm,hrm}.yaml list remat/scan, so no leading '+' is needed."""
+    """The model section composes on TRMConfig's defaults (trm_defaults), so remat/scan are there:
+    no leading '+' is needed."""
     cfg = load_config([f"+experiment={experiment}", "model.remat=true", "model.scan=true"])
     assert cfg.model.remat is True and cfg.model.scan is True
     assert load_config([f"+experiment={experiment}"]).model.remat is False
@@ -181,12 +183,15 @@ def test_remat_and_scan_are_plain_overrides(experiment):
     "experiment", ["trm_sudoku_tiny", "trm_sudoku_att", "hrm_sudoku", "gpt_shakespeare_char_tiny"]
 )
 def test_attention_impl_overrides_from_the_command_line(experiment, x64):
-    """configs/model/*.yaml list attention_impl (default auto): a plain override reaches the
-    model config, and a bad value is an error naming the field and the choices (x64: the TRM
-    task builds the float64 loss, as the trainer enables it)."""
+    """The model section composes on its dataclass's defaults, attention_impl among them (auto):
+    a plain override reaches the model config (a '+' is refused: the key is there), and a bad
+    value is an error naming the field and the choices (x64: the TRM task builds the float64
+    loss, as the trainer enables it)."""
     from train.families import make_task
 
     assert load_config([f"+experiment={experiment}"]).model.attention_impl == "auto"
+    with pytest.raises(ConfigError, match="An item is already at 'model.attention_impl'"):
+        load_config([f"+experiment={experiment}", "+model.attention_impl=explicit"])
     cfg = load_config([f"+experiment={experiment}", "model.attention_impl=explicit"])
     task = make_task(cfg, make_mesh(cfg.mesh, devices=jax.devices()[:1]), need_data=False)
     assert task.model_cfg.attention_impl == "explicit"
@@ -197,8 +202,31 @@ def test_attention_impl_overrides_from_the_command_line(experiment, x64):
 
 @pytest.mark.parametrize("experiment", ["gpt2_124m", "gpt_shakespeare_char"])
 def test_gelu_approximate_is_a_plain_override(experiment):
-    """configs/model/gpt*.yaml list gelu_approximate (default false, nanoGPT's erf GELU), so the
-    tanh GELU that HF GPT-2 weights need is `model.gelu_approximate=true`, without a '+'."""
+    """The model section composes on GPTConfig's defaults, gelu_approximate among them (false,
+    nanoGPT's erf GELU), so the tanh GELU that HF GPT-2 weights need is `model.gelu_approximate=true`, without a '+'."""
     assert load_config([f"+experiment={experiment}"]).model.gelu_approximate is False
     cfg = load_config([f"+experiment={experiment}", "model.gelu_approximate=true"])
     assert cfg.model.gelu_approximate is True
+
+
+def test_section_yamls_hold_only_what_they_change():
+    """Each configs/{model,optim,data}/*.yaml composes on a registered family's dataclass defaults
+    (`<family>_defaults`) and sets only keys whose value differs from the default: a default is
+    stated once, in the dataclass."""
+    import yaml
+
+    from train.config import section_defaults
+    from train.families import family
+
+    checked = 0
+    for section in ("model", "optim", "data"):
+        for path in sorted(pathlib.Path(CONFIG_DIR, section).glob("*.yaml")):
+            doc = yaml.safe_load(path.read_text())
+            bases = [d for d in doc.pop("defaults", []) if str(d).endswith("_defaults")]
+            assert len(bases) == 1, f"{path}: no <family>_defaults in its defaults list"
+            cls, filled = family(bases[0].removesuffix("_defaults")).task.config_sections[section]
+            defaults = section_defaults(cls, filled)
+            same = [k for k, v in doc.items() if k in defaults and defaults[k] == v]
+            assert not same, f"{path}: {same} restate the defaults of {cls.__name__}"
+            checked += 1
+    assert checked >= 13

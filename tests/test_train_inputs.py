@@ -78,7 +78,7 @@ _TRM_BAD = [
     ("+model.hiden_size=8", "'hiden_size' -> did you mean 'hidden_size'?"),
     ("+optim.lr_warmup=3", "did you mean 'lr_warmup_steps'?"),
     ("trainer.eval_intervl=1", "'eval_intervl' -> did you mean 'eval_interval'?"),
-    ("+data.evaluator=arcc", "data.evaluator='arcc': expected '' or 'arc'"),
+    ("data.evaluator=arcc", "data.evaluator='arcc': expected '' or 'arc'"),
 ]
 _GPT_BAD = [
     ("optim.learning_rate=fast", "optim.learning_rate='fast': expected float"),

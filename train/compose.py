@@ -13,11 +13,13 @@ import os
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
+from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, OmegaConfBaseException
 
 from train import config as config_lib
+from train import families
 from train.errors import ConfigError, one_line
 from train.families import family
 
@@ -36,10 +38,22 @@ def load_config(overrides: list[str], config_dir: str = CONFIG_DIR):
     return cfg
 
 
+def register_schema() -> None:
+    """Registers in Hydra's ConfigStore the trainer's schema (`base_config`) and, for every
+    registered family, its config dataclasses' defaults as `<section>/<family>_defaults`
+    (Task.config_sections), which configs/<section>/*.yaml compose on. Before any composition."""
+    config_lib.register_schema()
+    store = ConfigStore.instance()
+    for name, fam in families.registered().items():
+        for section, (cls, filled) in fam.task.config_sections.items():
+            node = config_lib.section_defaults(cls, filled)
+            store.store(group=section, name=f"{name}_defaults", node=node)
+
+
 def compose(overrides: list[str], config_dir: str = CONFIG_DIR):
     """`load_config` without the validation: for a caller that completes the config first (a
     weights file's architecture, train/source.py) and then validates it once."""
-    config_lib.register_schema()
+    register_schema()
     try:
         with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
             cfg = hydra_compose(config_name="config", overrides=list(overrides))

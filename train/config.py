@@ -124,6 +124,17 @@ class Config:
     optim: dict[str, Any] = field(default_factory=dict)  # its optimiser config
 
 
+def section_defaults(cls, exclude=()) -> dict:
+    """The defaults of dataclass `cls`'s fields but `exclude`, as a plain mapping (a config node)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.name in exclude:
+            continue
+        has_factory = f.default_factory is not dataclasses.MISSING
+        out[f.name] = f.default_factory() if has_factory else f.default
+    return out
+
+
 def register_schema() -> None:
     """Registers `Config` as `base_config` in Hydra's ConfigStore (configs/config.yaml extends it)."""
     ConfigStore.instance().store(name="base_config", node=Config)

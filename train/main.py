@@ -29,9 +29,8 @@ from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from train import config as config_lib
 from train.compilation_cache import log_compilation_cache_stats, setup_compilation_cache
-from train.compose import CONFIG_DIR, load_config, validate
+from train.compose import CONFIG_DIR, load_config, register_schema, validate
 from train.distributed import initialize, quiet_tpu_probe
 from train.errors import (
     EXIT_DISK_FULL,
@@ -120,7 +119,7 @@ def _hydra_app(cfg) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
-    config_lib.register_schema()  # base_config, before anything composes
+    register_schema()  # base_config and the families' defaults, before anything composes
     cfg = None
     try:  # Hydra's own composition errors span several lines; ours are one line
         if _is_plain(args):

@@ -95,6 +95,11 @@ class Task:
     # settings, and `resume_keys` (an optimizer switch that adds state, the data layout).
     resume_keys: tuple[str, ...] = ()
     resume_free_keys: tuple[str, ...] = ()
+    # The family's config dataclasses by section ("model", "optim", "data"), each with the fields
+    # the family fills itself (from the data set or the trainer section). Their defaults are
+    # registered as the config `<section>/<family>_defaults` (train/compose.py), which the
+    # family's configs/<section>/*.yaml compose on: a YAML file holds only what it changes.
+    config_sections: dict[str, tuple[type, tuple[str, ...]]] = {}
     # Set by _setup from `init`: the static NNX graphdef, the state's ShapeDtypeStructs and the
     # NamedShardings of every state leaf.
     graphdef: Any = None

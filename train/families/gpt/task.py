@@ -45,6 +45,11 @@ class GPTTask(Task):
     items_name = "tokens"
     console_metrics = ("train/loss", "eval/val_loss")
     resume_free_keys = ("model.dropout", "model.attention_impl")
+    config_sections = {
+        "model": (GPTConfig, ()),
+        "optim": (GPTOptimConfig, ()),
+        "data": (GPTDataConfig, ()),
+    }
 
     @classmethod
     def validate_config(cls, cfg) -> None:

@@ -68,6 +68,11 @@ class TRMTask(Task):
     resume_free_keys = tuple(
         f"model.{k}" for k in ("attention_impl", "remat", "remat_policy", "scan", "embed_grad")
     )
+    config_sections = {
+        "model": (TRMConfig, ("batch_size", "seq_len", "vocab_size", "num_puzzle_identifiers")),
+        "optim": (TRMOptimConfig, _TRAINER_FIELDS),
+        "data": (TRMDataConfig, ()),
+    }
 
     @classmethod
     def validate_config(cls, cfg) -> None:

@@ -87,5 +87,5 @@ def upstream_overrides(all_config: dict) -> list[str]:
     if paths:
         out.append(f"data.path={paths[0]}")
     if any("arc" in str(e.get("name", "")).lower() for e in all_config.get("evaluators") or []):
-        out.append("+data.evaluator=arc")
+        out.append("data.evaluator=arc")
     return out + ["run.name=upstream_eval", "trainer.epochs=1", "data.eval_interval_epochs=1"]
