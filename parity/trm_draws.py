@@ -2,7 +2,7 @@
 
 In training a TRM row explores when a uniform draw is below halt_exploration_prob, and may then
 not halt before a second, integer draw (upstream: torch.rand_like / randint_like). The port draws
-both from its own `exploration` RNG stream (models/trm/models.py); our torch reference takes them
+both from its own `exploration` RNG stream (models/trm/modeling.py); our torch reference takes them
 as an `exploration=` argument. To compare the two, or to replay upstream's recorded draws, the
 tests give the port the same numbers from the outside, through this subclass:
 
@@ -11,7 +11,7 @@ tests give the port the same numbers from the outside, through this subclass:
     set_draws(model, (u_b, k_b))                 # the next step's draws (also inside a trace)
 
 The draws are nnx Variables of the model, so they travel in its state: split, merged inside jit,
-carried through the pure train step (models/trm/train_step.py), where they land in
+carried through the pure train step (models/trm/training.py), where they land in
 TRMTrainState.rest; `state_with_draws` sets them there between steps.
 """
 

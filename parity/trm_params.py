@@ -16,7 +16,7 @@ from flax import nnx
 
 from models.trm.config import TRMConfig
 from models.trm.layers import PuzzleTable
-from models.trm.models import TRM
+from models.trm.modeling import TRM
 from parity.capture import prefix_rename
 from parity.files import COMPILE_PREFIX, strip_prefix
 from parity.keymap import KeyMap, TorchKey, build_keymap, variable_at

@@ -238,12 +238,12 @@ def test_the_generic_check_can_fail():
     """family_leaks finds each kind of leak in a module outside the family packages."""
     names = {"gpt", "trm"}
     source = 'if cfg.task == "gpt":\n    pass\nok = task in ("trm",)\nf = {"gpt": 1}[task]\n'
-    imports = {"models.trm.models", "data.puzzle_source", "parity.trm_torch", "models.attention"}
+    imports = {"models.trm.modeling", "data.puzzle_source", "parity.trm_torch", "models.attention"}
     imports |= {"train.families.trm.task", "train.families"}
     leaks = family_leaks("train.evaluate", source, imports, names)
     assert leaks == [
         "imports data.puzzle_source",
-        "imports models.trm.models",
+        "imports models.trm.modeling",
         "imports parity.trm_torch",
         "imports train.families.trm.task",
         "line 1 compares with 'gpt'",
@@ -285,9 +285,9 @@ ONE_STEP = [
     ("train/trainer.py", "_loop"),
     ("train/nonfinite.py", "train_step"),  # the jitted function: the non-finite guard
     ("train/families/trm/task.py", "train_step"),  # the family's step on the trainer's state
-    ("models/trm/train_step.py", "train_step"),  # upstream's train_batch + EMA update
-    ("models/trm/train_step.py", "loss_fn"),  # under jax.grad
-    ("models/trm/models.py", "__call__"),
+    ("models/trm/training.py", "train_step"),  # upstream's train_batch + EMA update
+    ("models/trm/training.py", "loss_fn"),  # under jax.grad
+    ("models/trm/modeling.py", "__call__"),
 ]
 
 
@@ -297,7 +297,7 @@ def test_one_trm_step_is_eight_frames_of_project_code(tmp_path, monkeypatch):
     counted), so a new wrapper, forwarder or layer of indirection fails here and in the doc."""
     import traceback
 
-    from models.trm.models import TRM
+    from models.trm.modeling import TRM
     from tests.helpers import build_tiny_sudoku, tiny_trm_overrides
     from train.main import main
 
@@ -322,7 +322,7 @@ def test_one_trm_step_is_eight_frames_of_project_code(tmp_path, monkeypatch):
         if (path := pathlib.Path(f.filename)).is_absolute()
         and any(path.is_relative_to(ROOT / package) for package in PACKAGES)
     ]
-    ours.append(("models/trm/models.py", "__call__"))  # the recorded call itself
+    ours.append(("models/trm/modeling.py", "__call__"))  # the recorded call itself
     assert ours == ONE_STEP, "\n".join(f"{p}:{n}" for p, n in ours)
 
 

@@ -25,7 +25,7 @@ import pytest
 from flax import nnx
 
 from models.gpt import GPTConfig, configure_optimizers, generate, get_lr, top_k_filter, train_step
-from models.gpt.train_step import lr_schedule
+from models.gpt.training import lr_schedule
 from parity import machine
 from parity.compare import EXACT, FLOAT32, FLOAT64, assert_all_close, assert_close
 from parity.envelope import Envelope

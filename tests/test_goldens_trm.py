@@ -257,7 +257,7 @@ class upstream_float32_casts:
 
     def __enter__(self):
         import parity.trm_torch.layers as layers
-        import parity.trm_torch.models as models
+        import parity.trm_torch.modeling as models
 
         self.saved = layers.compute_dtype, models.InnerBase.heads
         heads = self.saved[1]
@@ -271,7 +271,7 @@ class upstream_float32_casts:
 
     def __exit__(self, *exc):
         import parity.trm_torch.layers as layers
-        import parity.trm_torch.models as models
+        import parity.trm_torch.modeling as models
 
         layers.compute_dtype, models.InnerBase.heads = self.saved
 

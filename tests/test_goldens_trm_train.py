@@ -43,7 +43,7 @@ FIXTURES = Path(__file__).parent / "goldens" / "trm_train"
 VARIANTS = ("mlp_t", "att")
 EXACT_KEYS = ("steps", "halted", "current_data.")
 INPUT_KEYS = ("batch.", "explore_")
-# upstream PretrainConfig keys -> ours (models.trm.train_step.TRMOptimConfig)
+# upstream PretrainConfig keys -> ours (models.trm.training.TRMOptimConfig)
 OPTIM_KEYS = (
     "lr", "lr_min_ratio", "lr_warmup_steps", "weight_decay", "beta1", "beta2", "puzzle_emb_lr",
     "puzzle_emb_weight_decay", "ema_rate",

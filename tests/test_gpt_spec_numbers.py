@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")  # the reference side: torch-free installs 
 
 from models.gpt import GPTConfig, abstract_gpt, get_lr, preset  # noqa: E402
 from models.gpt.flops import gpt_flops_per_token as flops_per_token  # noqa: E402
-from models.gpt.train_step import lr_schedule  # noqa: E402
+from models.gpt.training import lr_schedule  # noqa: E402
 from parity import gpt_torch, report_gpt  # noqa: E402
 from parity.compare import FLOAT32, FLOAT64, assert_close  # noqa: E402
 from train.families.gpt.mfu import estimate_mfu  # noqa: E402

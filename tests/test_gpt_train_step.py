@@ -1,4 +1,4 @@
-"""nanoGPT's optimisation: 20 iterations through models.gpt.train_step vs torch, in float64,
+"""nanoGPT's optimisation: 20 iterations through models.gpt.training vs torch, in float64,
 within the one-ulp envelope of the reference's own trajectory (parity/envelope.py)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from flax import nnx
 torch = pytest.importorskip("torch")  # the reference side: torch-free installs skip this module
 
 from models.gpt import clip_by_global_norm, configure_optimizers, decay_mask, train_step  # noqa: E402
-from models.gpt.train_step import lr_schedule  # noqa: E402
+from models.gpt.training import lr_schedule  # noqa: E402
 from parity import gpt_torch, report_gpt  # noqa: E402
 from parity.compare import FLOAT64, assert_all_close, assert_close  # noqa: E402
 from parity.envelope import assert_within_envelope, measure_envelope, perturbed_copies  # noqa: E402

@@ -180,8 +180,8 @@ def test_optax_warmup_cosine_is_not_nanogpts_schedule(x64):
     """optax.warmup_cosine_decay_schedule with nanoGPT's numbers starts at init_value (0) and
     ramps it / warmup; nanoGPT's get_lr starts at lr / (warmup + 1) and ramps (it + 1) /
     (warmup + 1): they differ at step 0 and all through the warmup. The port uses its own
-    get_lr (models/gpt/train_step.py)."""
-    from models.gpt.train_step import lr_schedule
+    get_lr (models/gpt/training.py)."""
+    from models.gpt.training import lr_schedule
     from parity import gpt_torch
 
     lr = dict(learning_rate=1e-3, warmup_iters=100, lr_decay_iters=5000, min_lr=1e-4)

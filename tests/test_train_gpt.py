@@ -64,7 +64,7 @@ def test_gpt_kill_and_resume_is_bit_identical(text_dir, tmp_path):
     moments, step, dropout RNG and the Grain iterator all come back).
 
     With dropout 0.1 AND 2 accumulation micro-steps: dropout runs inside the accumulation scan
-    (models/gpt/train_step.py re-merges fresh Variables there; a model merged outside the scan
+    (models/gpt/training.py re-merges fresh Variables there; a model merged outside the scan
     raises TraceContextError when it draws a mask:
     docs/porting_nanogpt.md, "Dropout inside the accumulation scan")."""
     out = str(tmp_path)

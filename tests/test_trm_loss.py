@@ -105,7 +105,7 @@ def test_loss_head_matches_torch(loss_type, x64):
     """Same (carry, outputs) into our torch ACTLossHead and act_loss: loss and every metric."""
     torch = pytest.importorskip("torch")
     from parity.trm_torch import ACTLossHead
-    from parity.trm_torch.models import TinyRecursiveReasoningModel_ACTV1Carry as Carry
+    from parity.trm_torch.modeling import TinyRecursiveReasoningModel_ACTV1Carry as Carry
 
     rng = np.random.default_rng(1)
     b, s, v = 6, 12, 7

@@ -187,7 +187,7 @@ def test_envelope_catches_a_latent_that_is_not_carried(x64):
 def test_envelope_catches_a_swapped_halting_rule(x64, monkeypatch):
     """TRM halts on q_halt > 0. A mutant port that halts on q_halt > q_continue (HRM's rule) and
     is otherwise unchanged makes a different halting decision within 16 steps: caught EXACT."""
-    from models.trm.models import TRM
+    from models.trm.modeling import TRM
 
     cfg, model, ref, env = _setup("att", True)
     monkeypatch.setattr(TRM, "halting_rule", lambda self, q_halt, q_cont: q_halt > q_cont)

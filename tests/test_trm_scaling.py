@@ -26,9 +26,9 @@ import pytest
 from flax import nnx
 
 from models.trm import TRM
-from models.trm.eval_step import LatentNoise, eval_step, noised_latents
+from models.trm.evaluation import LatentNoise, eval_step, noised_latents
 from models.trm.scaling import prefix_ks, select_answers, trajectories_step
-from models.trm.train_step import TRMOptimConfig, init_train_state
+from models.trm.training import TRMOptimConfig, init_train_state
 from parity.trm_fixtures import make_batch, tiny_config
 
 OPTIM = TRMOptimConfig(global_batch_size=6, loss_dtype="float32")

@@ -63,7 +63,7 @@ def _lowered_trm_sudoku_step(*overrides: str) -> str:
 
 def test_the_real_trm_sudoku_step_holds_no_scatter():
     """...and no conditional: a step past total_steps is masked out, not branched around
-    (models/trm/train_step.py), so XLA:TPU's cost model can predict the step (train/aot.py)."""
+    (models/trm/training.py), so XLA:TPU's cost model can predict the step (train/aot.py)."""
     lowered = _lowered_trm_sudoku_step()
     assert scatters(lowered) == []
     assert "stablehlo.case" not in lowered and "stablehlo.if" not in lowered

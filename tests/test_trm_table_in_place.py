@@ -3,7 +3,7 @@
 A table passed through the cond that skips steps past total_steps was copied whole, twice per
 step (once into the branch's output, once out of the cond): on the real Sudoku data (1,001,001
 rows x 512) that is 2 x 2 GB of copies each step. SignSGD now runs after the cond on its
-gathered inputs (models/trm/train_step.py; docs/porting_trm_training.md, "The puzzle table stays
+gathered inputs (models/trm/training.py; docs/porting_trm_training.md, "The puzzle table stays
 out of the cond"), and XLA scatters into the donated table. Proven on the optimised CPU HLO of
 the trainer's own jitted step (trm_sudoku_tiny with a 4099-row table): no `copy` of the table's
 shape, and one scatter writes the table. That skipped steps

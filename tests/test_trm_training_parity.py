@@ -1,4 +1,4 @@
-"""20 TRM training steps, JAX (models/trm/train_step.py) vs our PyTorch reference following
+"""20 TRM training steps, JAX (models/trm/training.py) vs our PyTorch reference following
 upstream's train_batch order (parity/trm_torch + parity/trm_torch/optim.py), in float64.
 
 Both sides: the persistent ACT carry (slots refilled only where halted), a stream of batches with
@@ -25,7 +25,7 @@ from parity.envelope import assert_within_envelope, measure_envelope, perturbed_
 
 torch = pytest.importorskip("torch")
 
-from models.trm.train_step import (  # noqa: E402
+from models.trm.training import (  # noqa: E402
     TRMOptimConfig,
     ema_model,
     init_train_state,

@@ -70,26 +70,26 @@ def train(cfg, mesh) -> dict:
         step_fn = jit_lib.jit_train_step(task)
         config_dict = OmegaConf.to_container(cfg, resolve=True)
         logger = MetricLogger(run_dir, cfg, cfg.run.name, config_dict, stop, task.console_metrics)
-        run = _Run(cfg, task, ckpt, logger, data_iter, step, meta, goodput, preemption, claim)
-        run.profiler = StepProfiler(cfg, run_dir)
+        loop = _Loop(cfg, task, ckpt, logger, data_iter, step, meta, goodput, preemption, claim)
+        loop.profiler = StepProfiler(cfg, run_dir)
         peak = peak_flops() * mesh.devices.size
         first = step
         try:
             with jax.set_mesh(mesh):
-                state, step = _loop(run, state, step, stop, step_fn, clock, peak)
+                state, step = _loop(loop, state, step, stop, step_fn, clock, peak)
         finally:  # also on NonfiniteError / Preempted: commit the checkpoints, write the metrics
-            run.profiler.close()  # a window the run did not reach the end of
+            loop.profiler.close()  # a window the run did not reach the end of
             with goodput.measure("checkpoint"):
                 _close(ckpt.close, logger.close)
         if step == first and first > 0:  # TRM: the restored data iterator had no batch left
             return _already_finished(run_dir, step)
         totals = goodput.totals()
-        final = {"step": step, **_jsonable(run.last), **run.guard.final(), "goodput": totals}
+        final = {"step": step, **_jsonable(loop.last), **loop.guard.final(), "goodput": totals}
         if jax.process_index() == 0:
             write_text_atomic(run_dir / "final.json", dumps(final))
-        log.info("%s", summary_line(cfg, run_dir, ckpt, step, run.best, run.best_step))
+        log.info("%s", summary_line(cfg, run_dir, ckpt, step, loop.best, loop.best_step))
         log.info("time: %s", summary(totals))
-        return {"step": step, **run.last}
+        return {"step": step, **loop.last}
 
 
 def _start(cfg, mesh, run_dir):
@@ -167,48 +167,48 @@ def summary_line(cfg, run_dir, ckpt, step: int, best, best_step) -> str:
     )
 
 
-def _loop(run, state, step: int, stop: int, step_fn, clock, peak: float):
+def _loop(loop, state, step: int, stop: int, step_fn, clock, peak: float):
     """Steps until `stop` (or the data ends): -> (state, step). Evaluates and saves when due;
     saves and raises Preempted when a stop is requested."""
-    cfg, task, data_iter = run.cfg, run.task, run.data_iter
+    cfg, task, data_iter = loop.cfg, loop.task, loop.data_iter
     if cfg.trainer.eval_at_start and step == 0:
-        run.evaluate(state, 0)
+        loop.evaluate(state, 0)
     clock.start(step)
     unlogged = None  # the metrics of the last step when they were not logged
     while step < stop:
-        if run.claim is not None:
-            run.claim.check()  # a bucket's lease taken over by another trainer stops this one
-        run.ckpt.check()  # a save that failed in the background (a full disk) stops the run
-        if run.preemption.due(step):  # every process agrees on this step
-            run.preempt(state, step, unlogged)
-        run.profiler.before(step + 1, state)
-        with run.goodput.measure("data"):
+        if loop.claim is not None:
+            loop.claim.check()  # a bucket's lease taken over by another trainer stops this one
+        loop.ckpt.check()  # a save that failed in the background (a full disk) stops the run
+        if loop.preemption.due(step):  # every process agrees on this step
+            loop.preempt(state, step, unlogged)
+        loop.profiler.before(step + 1, state)
+        with loop.goodput.measure("data"):
             local = next(data_iter, None)
             batch = None if local is None else task.to_global(local)
         if batch is None:  # TRM: upstream's epochs / eval_interval iterations are done
             break
         step += 1
         phase = "steps" if clock.compiled else "compile"  # the first step of a process compiles
-        with run.goodput.measure(phase):
+        with loop.goodput.measure(phase):
             state, metrics = step_fn(state, batch)  # dispatched: it runs while the host goes on
             clock.dispatched(step, metrics)  # waits for step - 1 (the first step: for itself)
-        run.goodput.steps_timed += phase == "steps"
-        run.profiler.after(step, (state, metrics))
-        run.guard.watch(step, metrics)  # acts on step - 1's nonfinite flag (already computed)
+        loop.goodput.steps_timed += phase == "steps"
+        loop.profiler.after(step, (state, metrics))
+        loop.guard.watch(step, metrics)  # acts on step - 1's nonfinite flag (already computed)
         unlogged = metrics
         if _log_due(cfg, step, stop):
             device = {f"train/{k}": v for k, v in metrics.items()}
-            host = {**_throughput(task, clock.lap(), peak), **run.guard.host_metrics()}
-            run.logger.push(step, device, host)
+            host = {**_throughput(task, clock.lap(), peak), **loop.guard.host_metrics()}
+            loop.logger.push(step, device, host)
             unlogged = None
         evaluate, save = _due(cfg, task, step, stop, data_iter)
         if save:
-            run.checkpoint(state, step, evaluate)
+            loop.checkpoint(state, step, evaluate)
             clock.start(step)  # eval and checkpoint time is not step time
-    if run.saved_at != step:  # the data ran out before `stop` (TRM drops partial batches)
-        run.checkpoint(state, step, evaluate=True)
-    run.guard.check_pending()
-    run.logger.flush()
+    if loop.saved_at != step:  # the data ran out before `stop` (TRM drops partial batches)
+        loop.checkpoint(state, step, evaluate=True)
+    loop.guard.check_pending()
+    loop.logger.flush()
     return state, step
 
 
@@ -333,7 +333,7 @@ class StepClock:
         return (t1 - t0) / (s1 - s0)
 
 
-class _Run:
+class _Loop:
     """What the loop's evaluations and checkpoints share: the task, the checkpointer, the logger,
     the data iterator (saved with the state) and the results so far."""
 

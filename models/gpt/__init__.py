@@ -24,7 +24,7 @@ from models.gpt.modeling import (
     preset,
     top_k_filter,
 )
-from models.gpt.train_step import (
+from models.gpt.training import (
     clip_by_global_norm,
     configure_optimizers,
     decay_mask,

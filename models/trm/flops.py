@@ -58,7 +58,7 @@ def trm_flops_breakdown(config: TRMConfig, batch_size: int) -> dict:
     block = trm_block_flops(c)
     lm_head = 2 * c.seq_len * c.hidden_size * c.vocab_size
     q_head = 2 * c.hidden_size * 2
-    # TRM's own rule for the second inner call (models/trm/models.py); the baseline computes it only
+    # TRM's own rule for the second inner call (models/trm/modeling.py); the baseline computes it only
     # when asked (compute_target_q), which the train step does not
     target = c.arch == "hrm" or (c.arch != "transformers_baseline" and not c.no_ACT_continue)
     out = {

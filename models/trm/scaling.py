@@ -9,7 +9,7 @@ say "this answer is right") or a majority vote picks one of the K answers:
 
 `batch` holds B puzzles (their rows and "example", each row's index in the test split); inside,
 every row is repeated K times (row b's trajectories are rows b*K .. b*K+K-1, noise ids
-(example, k)), models/trm/eval_step.py's `eval_step` runs all B*K rows as one batch, and the K
+(example, k)), models/trm/evaluation.py's `eval_step` runs all B*K rows as one batch, and the K
 answers of each puzzle are reduced on the device to
 
     out["sums"]           eval_step's sums over all B*K trajectories (loss, q accuracy, steps,
@@ -35,7 +35,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from models.trm.eval_step import LatentNoise, eval_step
+from models.trm.evaluation import LatentNoise, eval_step
 from models.trm.losses import IGNORE_LABEL_ID
 
 SELECT = ("q_halt", "vote")

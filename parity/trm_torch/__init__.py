@@ -13,7 +13,7 @@ from parity.trm_torch.losses import (
     softmax_cross_entropy,
     stablemax_cross_entropy,
 )
-from parity.trm_torch.models import (
+from parity.trm_torch.modeling import (
     TRM,
     TinyRecursiveReasoningModel_ACTV1,
     TinyRecursiveReasoningModel_ACTV1Carry,

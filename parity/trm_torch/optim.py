@@ -8,7 +8,7 @@ upstream's documented behaviour (its optimiser, schedule, EMA and train_batch), 
 - `EMAHelper`: the shadow of the trainable parameters used for eval and checkpoints.
 - `train_batch`: upstream's order of one training step around a loss head.
 
-The JAX port in models/trm/optim.py and models/trm/train_step.py is compared to this file by
+The JAX port in models/trm/optim.py and models/trm/training.py is compared to this file by
 tests/test_trm_optim.py and tests/test_trm_training_parity.py.
 """
 

@@ -2,8 +2,8 @@
 
     config sections  models.gpt.GPTConfig (model), GPTOptimConfig (optim), data.GPTDataConfig (data)
     data             data.py: data.text_source token windows (shakespeare_char built on first use)
-    train step       models/gpt/train_step.py: AdamW groups, get_lr, clipping, accumulation
-    eval step        models/gpt/eval_step.py: the loss with dropout off; estimate_loss over
+    train step       models/gpt/training.py: AdamW groups, get_lr, clipping, accumulation
+    eval step        models/gpt/evaluation.py: the loss with dropout off; estimate_loss over
                      eval_iters batches + a sample
     weights          nanoGPT ckpt.pt / HF GPT-2 in, nanoGPT ckpt.pt out (parity/gpt_params.py)
 
@@ -26,9 +26,9 @@ from omegaconf import OmegaConf
 
 from data.text_source import eval_dataset
 from models.gpt import GPT, GPTConfig, generate
-from models.gpt.eval_step import eval_graphdef, eval_step
+from models.gpt.evaluation import eval_graphdef, eval_step
 from models.gpt.flops import gpt_flops_per_step
-from models.gpt.train_step import GPTOptimConfig, init_train_state, train_step
+from models.gpt.training import GPTOptimConfig, init_train_state, train_step
 from parity.gpt_params import from_torch_file, to_torch
 from train.config import build_dataclass, check_fields, check_ranges
 from train.errors import ConfigError

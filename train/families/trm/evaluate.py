@@ -27,8 +27,8 @@ from data.puzzle_format import write_dataset
 from data.puzzle_source import PuzzleTestDataset
 from data.sudoku import check_sudoku_pairs, sudoku_split
 from data.sudoku_sources import read_sudoku_csv
-from models.trm.eval_step import LatentNoise, eval_step, noised_latents
-from models.trm.models import INNERS
+from models.trm.evaluation import LatentNoise, eval_step, noised_latents
+from models.trm.modeling import INNERS
 from models.trm.scaling import SELECT, Scaling
 from train.errors import ConfigError
 from train.families.trm.show import (

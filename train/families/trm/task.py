@@ -3,8 +3,8 @@
     config sections  models.trm.TRMConfig (model), TRMOptimConfig (optim), data.TRMDataConfig (data)
     data             data.py: data.puzzle_source (upstream's layout), built on first use when
                      data.build names a builder
-    train step       models/trm/train_step.py: one ACT step on the persistent carry
-    eval step        models/trm/eval_step.py: a fresh carry, halt_max_steps ACT steps, EMA weights
+    train step       models/trm/training.py: one ACT step on the persistent carry
+    eval step        models/trm/evaluation.py: a fresh carry, halt_max_steps ACT steps, EMA weights
     weights          upstream TRM state_dicts in and out (parity/trm_params.py)
 
 Upstream pretrain.py's semantics: one optimizer step per ACT step on a carry that persists across
@@ -31,12 +31,12 @@ from tqdm import tqdm
 from data.arc_eval import ARCEvaluator
 from data.puzzle_source import PuzzleTestDataset, PuzzleTrainDataset
 from models.trm import TRM, TRMConfig
-from models.trm.eval_step import eval_step
+from models.trm.evaluation import eval_step
 from models.trm.flops import trm_flops_per_step
 from models.trm.losses import normalize_metrics
 from models.trm.optim import total_steps as schedule_steps
 from models.trm.scaling import Scaling, prefix_ks, trajectories_step
-from models.trm.train_step import TRMOptimConfig, ema_model, init_train_state, train_step
+from models.trm.training import TRMOptimConfig, ema_model, init_train_state, train_step
 from parity.files import load_file
 from parity.trm_params import from_torch, to_torch
 from train import mesh as mesh_lib
@@ -143,11 +143,6 @@ class TRMTask(Task):
             dict(cfg.optim, global_batch_size=self.batch, total_steps=self.total_steps),
             "optim",
         )
-        if self.needs_x64(cfg) and not jax.config.jax_enable_x64:
-            raise ValueError(
-                "optim.loss_dtype=float64 (upstream's stablemax dtype) needs jax x64; the trainer "
-                "enables it (train.families.make_task), or set optim.loss_dtype=float32"
-            )
         self.items_per_step = self.batch
         self.flops_per_step = trm_flops_per_step(self.model_cfg, self.batch)
         self._eval_fns = {}  # (eval batch, extra steps, halt) -> jitted eval_step
@@ -248,7 +243,7 @@ class TRMTask(Task):
                  evaluator=None, progress: bool = False) -> dict | None:  # fmt: skip
         """The evaluation loop the trainer runs (`evaluate`) and `python -m train.evaluate`
         runs: every test batch of `data_dir` (default data.path) through the jitted, sharded
-        eval step (models/trm/eval_step.py), summed on device, normalised as upstream.
+        eval step (models/trm/evaluation.py), summed on device, normalised as upstream.
         -> {"metrics", "per_step": {"exact_accuracy": [...], "accuracy": [...]}, "count",
         "evaluator"} (None without a test split). `evaluator` (ARCEvaluator) gets every batch's
         predictions (the chosen ones with `scaling`) and q_halt logits.

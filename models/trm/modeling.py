@@ -1,6 +1,6 @@
 """The Tiny Recursive Model and its variants in Flax NNX (upstream models/recursive_reasoning/).
 
-Read beside parity/trm_torch/models.py: the same classes in the same order, with the same names and
+Read beside parity/trm_torch/modeling.py: the same classes in the same order, with the same names and
 argument orders. `Block` and `ReasoningModule` are upstream trm.py's
 TinyRecursiveReasoningModel_ACTV1Block / _ReasoningModule; the five inners (one ACT step of
 recursion: trm.py, hrm.py, trm_singlez.py, trm_hier6.py, transformers_baseline.py) share

@@ -1,7 +1,7 @@
 """Our PyTorch TRM and its variants (upstream models/recursive_reasoning/), written for this
 project, with upstream's attribute names so state_dict keys are upstream's.
 
-The port models/trm/models.py mirrors this file class for class. `Block` and `ReasoningModule` are
+The port models/trm/modeling.py mirrors this file class for class. `Block` and `ReasoningModule` are
 upstream trm.py's TinyRecursiveReasoningModel_ACTV1Block / _ReasoningModule; the five inners (one
 ACT step of recursion: trm.py, hrm.py, trm_singlez.py, trm_hier6.py, transformers_baseline.py)
 share `InnerBase` and are picked from `INNERS` by `TRMConfig.arch`; the ACT wrapper and its carry

@@ -4,7 +4,7 @@ Upstream evaluates every test batch from a FRESH carry: halt_max_steps ACT steps
 in eval mode (no halting, no exploration), and reports the loss head's metrics of the last step,
 summed over the batch. `eval_step` does that and a little more, for `python -m train.evaluate`:
 
-    out = eval_step(graphdef, state, batch, config=cfg)    # state: TRMTrainState (train_step.py)
+    out = eval_step(graphdef, state, batch, config=cfg)    # state: TRMTrainState (training.py)
     out["sums"]        # act_loss's sums of the last step (what upstream reports, after / count)
     out["per_step"]    # exact_accuracy / accuracy sums after EVERY ACT step ([steps] each)
     out["preds"], out["q_halt_logits"]                     # per row (the ARC evaluator's input)
@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from models.trm.losses import IGNORE_LABEL_ID, act_loss
-from models.trm.train_step import TRMOptimConfig, TRMTrainState, ema_model
+from models.trm.training import TRMOptimConfig, TRMTrainState, ema_model
 
 # What `halt` freezes per row at its halting step
 HALT_KEYS = ("logits", "q_halt_logits", "q_continue_logits")
