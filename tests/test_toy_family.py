@@ -29,9 +29,9 @@ from train.trainer import train
 SEARCH = f"hydra.searchpath=[file://{REPO}/tests/toy_family/configs]"
 
 
-def _command(module: str, *args, returncode: int = 0) -> str:
+def _command(module: str, *args, returncode: int = 0, env=None) -> str:
     cmd = [sys.executable, "-m", module, *map(str, args)]
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == returncode, done.stdout[-2000:] + done.stderr[-3000:]
     return done.stdout + done.stderr
 
@@ -81,6 +81,13 @@ def test_a_family_outside_train_trains_resumes_and_evaluates(tmp_path):
     assert [line for line in printed.splitlines() if line.startswith("input 2:")] == [
         f"input 2:{i} -> class {c}" for i, c in enumerate(_predicted(tmp_path / "split", 2, 3))
     ]
+    # without its registration (no entry point on the path): the run names its family by module
+    # path, and the sampler still takes the family's own options
+    unregistered = dict(os.environ, PYTHONPATH=REPO)
+    printed = _command("train.sample", tmp_path / "split", "--start", 2, "--num-samples", 1,
+                       env=unregistered)  # fmt: skip
+    assert "input 2:0 -> class" in printed, printed
+    assert "toy options" not in _command("train.sample", "--help", env=unregistered)
     # what it has not: one line each, exit status 1
     printed = _command("train.export", tmp_path / "split", "--out", tmp_path / "x.pt", returncode=1)
     assert printed.strip().splitlines() == [

@@ -255,7 +255,7 @@ def test_reference_bounds_catch_a_wrong_port(monkeypatch):
     by 35x on its first output). bf16, where torch's own error is 1-3% rms: one weight matrix 10%
     off fails on the logits (measured 2.1x the limit), a block without its attention residual
     fails from its first output on (measured 75x on the logits)."""
-    from models.trm import layers, models
+    from models.trm import layers, modeling
 
     def failing(cfg, bound, wrong):
         head, model = _pair(cfg)
@@ -282,7 +282,7 @@ def test_reference_bounds_catch_a_wrong_port(monkeypatch):
         h_bld = layers.rms_norm(self.self_attn(cos_sin=cos_sin, hidden_states=h_bld), self.norm_eps)
         return layers.rms_norm(h_bld + self.mlp(h_bld), self.norm_eps)
 
-    monkeypatch.setattr(models.Block, "_forward", no_attention_residual)
+    monkeypatch.setattr(modeling.Block, "_forward", no_attention_residual)
     failed = failing(bf16, AS_TORCH_BFLOAT16, lambda model: None)
     assert failed[0] == "L_level.layers.0 [1/6]"
 
