@@ -20,7 +20,14 @@ def main(argv: list[str] | None = None) -> int:
     from parity.backend import quiet_tpu_probe
 
     quiet_tpu_probe()  # before JAX starts a backend: no libtpu probe lines on a CPU machine
-    module = importlib.import_module(_REPORTS[argv[0]])
+    try:
+        module = importlib.import_module(_REPORTS[argv[0]])
+    except ModuleNotFoundError as e:
+        if e.name != _REPORTS[argv[0]]:
+            raise
+        print(f"python -m parity {argv[0]}: this repository's own report, not part of the toolkit "
+              "installed alone (python -m parity diff is)", file=sys.stderr)  # fmt: skip
+        return 2
     return int(module.main(argv[1:]) or 0)
 
 

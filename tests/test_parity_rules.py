@@ -202,13 +202,18 @@ def test_bfloat16_diff_names_a_wrong_port():
 
 # ------------------------------------------------------------------------------ self-contained
 
-TOOLKIT = (
-    "__init__.py", "__main__.py", "backend.py", "capture.py", "check.py", "compare.py", "diff.py",
-    "envelope.py", "files.py", "keymap.py", "layers.py", "machine.py", "promote.py",
-    "state_dict.py", "steps.py",
-    "goldens/__init__.py",
-    "goldens/common.py", "goldens/module.py",
-)  # fmt: skip
+
+def _toolkit_modules() -> tuple[str, ...]:
+    """The toolkit distribution's modules (toolkit/pyproject.toml py-modules) as parity/ paths."""
+    import tomllib
+
+    listed = tomllib.loads((REPO / "toolkit" / "pyproject.toml").read_text())["tool"]["setuptools"]
+    return tuple(
+        "/".join(m.split(".")[1:]) + ".py" for m in listed["py-modules"]
+    )  # "parity.goldens.common" -> "goldens/common.py"
+
+
+TOOLKIT = _toolkit_modules()
 
 
 def test_the_toolkit_imports_nothing_of_models_train_data():

@@ -138,3 +138,44 @@ def test_diff_with_the_project_installed_non_editable(tmp_path):
     entries = [p for p in ast.literal_eval(where["path"]) if p != parent]
     on_path = [(user / p).resolve() for p in entries]  # "" is the current directory
     assert not [p for p in on_path if p.is_relative_to(REPO.resolve())], where
+
+
+def test_diff_with_the_toolkit_installed_alone_beside_an_installed_models_package(tmp_path):
+    """`pip install ./toolkit` (non-editable) puts `parity` alone in site-packages: the toolkit's
+    modules and none of this repository's packages or its own references; a user's project with
+    its own `models` package, installed too, is what `models` names, and `python -m parity diff`
+    runs from a directory that is neither checkout."""
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "parity", src / "parity", ignore=_IGNORE)
+    shutil.copytree(REPO / "toolkit", src / "toolkit", ignore=_IGNORE)
+    user = _user_project(tmp_path)
+    (user / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=77"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "user-project"\nversion = "0"\n'
+        '[tool.setuptools.packages.find]\ninclude = ["models*", "train*", "data*"]\n'
+    )
+    python = _venv_seeing_this_environment(tmp_path)
+    for what in (src / "toolkit", user):
+        install = _run(
+            python,
+            ["-m", "pip", "install", "-q", "--no-deps", "--ignore-installed",
+             *_build_isolation_flags(), str(what)],
+            tmp_path, _env(),
+        )  # fmt: skip
+        assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    shutil.rmtree(src)
+    shutil.rmtree(user)  # both are importable from site-packages only
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    _assert_diff_passes(_run(python, DIFF, elsewhere, _env()))
+    where = _where(python, elsewhere, _env())
+    site = pathlib.Path(tmp_path, "venv").resolve()
+    for name in ("parity", "models"):
+        assert pathlib.Path(where[name]).resolve().is_relative_to(site), where
+    installed = pathlib.Path(where["parity"]).parent
+    assert not (installed / "gpt_torch.py").exists() and not (installed / "trm_torch").exists()
+    code = "import importlib.util as u; print([m for m in ('launch', 'bench') if u.find_spec(m)])"
+    assert _run(python, ["-c", code], elsewhere, _env()).stdout.strip() == "[]"
+    report = _run(python, ["-m", "parity", "trm"], elsewhere, _env())
+    assert report.returncode == 2 and "not part of the toolkit" in report.stderr, report.stderr
