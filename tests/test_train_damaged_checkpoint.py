@@ -193,3 +193,26 @@ def test_no_checkpoint_restores_prints_nothing_after_its_error(text_dir, tmp_pat
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "no checkpoint in" in out, out[-3000:]
     assert len(out.splitlines()) <= 4 and "Traceback" not in out, out
+
+
+def test_evaluate_falls_back_past_a_damaged_newest_checkpoint(text_dir, tmp_path):
+    """`python -m train.evaluate RUN` on a run whose newest step has a truncated array file
+    evaluates the previous step, with one warning line, and moves nothing (a reader); `--step`
+    of the damaged step is one error line, exit status 1, no traceback."""
+    _, ckpts = _first_run(text_dir, str(tmp_path))
+    _damage(_target(os.path.join(ckpts, "6"), "ocdbt-data"), "truncate")
+    before = _files(ckpts)
+    run_dir = os.path.join(str(tmp_path), "r")
+    cmd = [sys.executable, "-m", "train.evaluate", run_dir]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "(run, step 3)" in done.stdout, done.stdout
+    warned = [line for line in done.stderr.splitlines() if "is damaged" in line]
+    assert len(warned) == 1 and "step 6" in warned[0], done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert _files(ckpts) == before  # nothing moved or written
+    done = subprocess.run([*cmd, "--step", "6"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert len(errors) == 1 and "no checkpoint of 6" in errors[0], done.stderr[-3000:]

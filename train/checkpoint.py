@@ -99,14 +99,17 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def restore_newest(self, abstract_state, data_iter=None, check_meta=None):
+    def restore_newest(self, abstract_state, data_iter=None, check_meta=None, *, steps=None,
+                       move_aside: bool = True):  # fmt: skip
         """-> (step, state, meta) of the NEWEST checkpoint that restores, or None when there is
         none. A newer step that fails (a truncated, zero-filled or missing file) is reported in
-        one warning line and moved aside to `damaged-<step>` next to the steps: nothing is
-        deleted, and the saves that follow (the same step numbers again) do not collide with it.
+        one warning line and, with `move_aside` (the trainer, which saves again), moved aside to
+        `damaged-<step>` next to the steps: nothing is deleted, and the saves that follow (the
+        same step numbers again) do not collide with it; a reader (train.source) leaves it.
         `check_meta(meta, step)` may raise ConfigError (a changed setting): that is not damage,
-        it propagates. ConfigError when steps exist but none restores."""
-        steps = sorted(self.manager.all_steps(), reverse=True)
+        it propagates. `steps`: the ones to try (default every saved step). ConfigError when
+        steps exist but none restores."""
+        steps = sorted(self.manager.all_steps() if steps is None else steps, reverse=True)
         damaged = []
         # from before the first read: a failing one reports at once
         quiet = _abandoned_reads_dropped(lambda: bool(damaged)) if steps else nullcontext()
@@ -120,6 +123,11 @@ class Checkpointer:
                 except ConfigError:
                     raise
                 except Exception as e:
+                    if _does_not_fit(e) and not move_aside:  # a reader's config.yaml
+                        raise ConfigError(
+                            f"{self.directory / str(step)} does not restore onto the model of "
+                            f"its run's config.yaml ({_why(e, limit=200)})"
+                        ) from e
                     if _does_not_fit(e):  # intact files of another model: not damage, none moved
                         raise ConfigError(
                             f"cannot resume {self.directory.parent} from step {step}: its saved "
@@ -138,8 +146,14 @@ class Checkpointer:
             else:
                 step = None
         if step is not None:
-            self._move_aside(damaged)
+            if move_aside:
+                self._move_aside(damaged)
             return step, state, meta
+        if damaged and not move_aside:  # a reader: nothing to move, the warnings say why
+            raise ConfigError(
+                f"no checkpoint of {', '.join(map(str, damaged))} in {self.directory} restores "
+                "(damaged; the warning above says why)"
+            )
         if damaged:
             raise ConfigError(
                 f"no checkpoint in {self.directory} restores (damaged steps: "

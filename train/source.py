@@ -158,17 +158,21 @@ def _open_run(path: str, step, overrides, single_device) -> Source:
         steps = sorted(ckpt.manager.all_steps())
         if not steps:
             raise SourceError(f"{path}/checkpoints holds no checkpoint")
-        step = steps[-1] if step is None else step
-        if step not in steps:
+        if step is not None and step not in steps:
             raise SourceError(f"{path}: --step {step} not saved; checkpoints: {steps}")
         abstract = jit_lib.with_shardings(task.abstract_state, task.state_shardings)
-        try:
-            state, meta = ckpt.restore(step, abstract)
+        try:  # the newest that restores (a damaged newer step: one warning line, left in place)
+            found = ckpt.restore_newest(
+                abstract, steps=steps if step is None else [step], move_aside=False
+            )
+        except ConfigError as e:  # --step N damaged, or no step restores
+            raise SourceError(f"{path}: {e}") from e
         except (ValueError, FileNotFoundError) as e:  # Orbax: shapes that do not fit
             raise SourceError(
                 f"{path}/checkpoints/{step} does not restore onto the model of its config.yaml "
                 f"{OmegaConf.to_container(cfg.model)} ({one_line(e, 300)})"
             ) from e
+        step, state, meta = found
     finally:
         ckpt.close()
     return Source(RUN, path, cfg, task, state, int(step), dict(meta), cfg.data.get("path"))
