@@ -362,7 +362,8 @@ def run_script(
         "fi",
         f"cd {REMOTE_DIR}",
         *(f"export {q(item)}" for item in env),
-        f"{python} -m train.rundir check {q(f'{out_dir}/{run_name}')}",
+        # exit 0: free, 3: no such run directory yet (both start), 1: held (its line; stop)
+        f"{python} -m train.rundir check {q(f'{out_dir}/{run_name}')} || [ $? -eq 3 ]",
         f'nohup {train} >> "$LOG" 2>&1 < /dev/null &',
         'echo $! > "$PID_FILE"',
         'echo "worker $WORKER: pid $!, log $LOG"',

@@ -113,7 +113,13 @@ def test_a_second_writer_stops_before_touching_anything(text_dir, tmp_path):
         [sys.executable, "-m", "train.rundir", "check", run_dir],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert free.returncode == 0 and not free.stderr
+    assert free.returncode == 0 and not free.stderr, free.stderr
+    assert free.stdout.strip() == f"{run_dir}: free (no live trainer holds it)"
+    absent = subprocess.run(
+        [sys.executable, "-m", "train.rundir", "check", run_dir + "-nope"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert absent.returncode == 3 and "no such run directory" in absent.stdout, absent
 
 
 def test_launch_tpu_run_refuses_a_claimed_run_directory_with_the_same_line(tmp_path, monkeypatch):

@@ -333,19 +333,33 @@ def claim(run_dir) -> Iterator:
             held.release()
 
 
+# `python -m train.rundir check DIR` exit statuses (2: usage)
+CHECK_FREE, CHECK_HELD, CHECK_ABSENT = 0, 1, 3
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m train.rundir check DIR`: exit 1 with the error line when a live trainer holds
-    DIR, 0 otherwise (nothing is claimed or written)."""
+    """`python -m train.rundir check DIR`: one line, nothing claimed or written. Exit 0 when no
+    live trainer holds DIR (free), 1 with the error line a second writer would get (held: its
+    host, pid and start), 3 when DIR does not exist (a new run would create it), 2 on usage."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2 or args[0] != "check":
-        print("usage: python -m train.rundir check RUN_DIR", file=sys.stderr)
+        print(
+            "usage: python -m train.rundir check RUN_DIR  (exit 0: free, 1: held by a live "
+            "trainer, 3: no such run directory)",
+            file=sys.stderr,
+        )
         return 2
+    run_dir = args[1]
+    if not epath.Path(run_dir).exists():
+        print(f"{run_dir}: no such run directory (a new run creates it)")
+        return CHECK_ABSENT
     try:
-        make_claim(args[1]).probe()
+        make_claim(run_dir).probe()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+        return CHECK_HELD
+    print(f"{run_dir}: free (no live trainer holds it)")
+    return CHECK_FREE
 
 
 if __name__ == "__main__":
