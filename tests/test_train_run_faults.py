@@ -122,6 +122,24 @@ def test_a_second_writer_stops_before_touching_anything(text_dir, tmp_path):
     assert absent.returncode == 3 and "no such run directory" in absent.stdout, absent
 
 
+def test_a_run_that_stops_before_writing_leaves_no_run_directory(tmp_path):
+    """A run whose data check fails after it claimed its new run directory (data.path holds no
+    data set and no builder): one ConfigError line, and no runs/<name>/ with a stale writer.lock
+    left behind; a directory that existed before keeps its lock file (emptied)."""
+    empty = tmp_path / "no_data"
+    empty.mkdir()
+    overrides = [*tiny_gpt_overrides(str(empty), str(tmp_path / "runs"), "r"), "data.build=null"]
+    cfg = load_config(overrides)
+    with pytest.raises(ConfigError, match="data.path"):
+        train(cfg, _one_device(cfg))
+    assert not (tmp_path / "runs" / "r").exists(), os.listdir(tmp_path / "runs")
+    (tmp_path / "runs" / "r").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="data.path"):
+        train(cfg, _one_device(cfg))
+    assert os.listdir(tmp_path / "runs" / "r") == [rundir.LOCK_FILE]
+    assert (tmp_path / "runs" / "r" / rundir.LOCK_FILE).read_text() == ""
+
+
 def test_launch_tpu_run_refuses_a_claimed_run_directory_with_the_same_line(tmp_path, monkeypatch):
     """launch.tpu's run script (run here with bash; code dir = this checkout) checks the claim
     before it starts anything: a held run directory is the trainer's own line, exit 1, no

@@ -91,6 +91,16 @@ def busy_error(run_dir, owner: Owner | None, more: str = "") -> ConfigError:
     )
 
 
+def _same_file(fd: int, path: str) -> bool:
+    """Whether `path` still names the file open as `fd` (not removed or replaced)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
 class LocalClaim:
     """flock on <run_dir>/writer.lock: held while the process lives."""
 
@@ -98,17 +108,25 @@ class LocalClaim:
         self.run_dir = epath.Path(run_dir)
         self.path = os.path.join(str(run_dir), LOCK_FILE)
         self.fd = None
+        self.created = False  # this claim made the run directory (released empty: removed)
 
     def acquire(self) -> None:
+        self.created = not self.run_dir.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by child processes
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            os.close(fd)
-            if e.errno not in (errno.EWOULDBLOCK, errno.EACCES):
-                raise
-            raise busy_error(self.run_dir, self.owner()) from None
+        for _ in range(3):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by children
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                os.close(fd)
+                if e.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+                    raise
+                raise busy_error(self.run_dir, self.owner()) from None
+            if _same_file(fd, self.path):
+                break
+            os.close(fd)  # a releasing trainer removed that file (`release`): open the new one
+        else:
+            raise busy_error(self.run_dir, self.owner(), ", claimed while this trainer tried to")
         self.fd = fd
         previous = Owner.parse(os.pread(fd, 4096, 0).decode(errors="replace"))
         if previous is not None:
@@ -154,6 +172,12 @@ class LocalClaim:
             return
         with contextlib.suppress(OSError):  # a full disk cannot empty it: the next writer warns
             os.ftruncate(self.fd, 0)
+        if self.created and os.listdir(str(self.run_dir)) == [LOCK_FILE]:
+            # a run that stopped before writing anything (a failed check): no directory of its
+            # own is left behind. Removed while still locked; `acquire` re-checks the file.
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+                os.rmdir(str(self.run_dir))
         fcntl.flock(self.fd, fcntl.LOCK_UN)
         os.close(self.fd)
         self.fd = None
