@@ -104,6 +104,21 @@ def _side(side: str):
         raise RunError(side, module_name(module) if module is not None else "(root)", e) from e
 
 
+# import name -> the distribution that installs it, where they differ; and this repository's extra
+# that carries it (a factory in one of its test modules)
+_DISTRIBUTIONS = {
+    "segment_anything": "segment-anything",
+    "yaml": "pyyaml",
+    "sklearn": "scikit-learn",
+}
+_EXTRAS = {
+    "pytest": "pip install -e '.[dev]'",
+    "transformers": "pip install -e '.[zoo]'",
+    "segment_anything": "pip install -e '.[zoo]'",
+    "torch": "pip install -e '.[parity]'",
+}
+
+
 def load_factory(spec: str, role: str) -> Callable:
     """`package.module:callable` -> the callable, imported with the current directory on the path.
     `role` (TORCH_FACTORY / NNX_FACTORY) names the argument in the error."""
@@ -115,6 +130,12 @@ def load_factory(spec: str, role: str) -> Callable:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
+        if e.name and not (module_name + ".").startswith(e.name + "."):  # found; it imports e.name
+            raise UsageError(
+                f"{role} {spec!r}: {module_name!r} imports {e.name!r}, which this environment "
+                f"lacks: pip install {_DISTRIBUTIONS.get(e.name, e.name)}"
+                + (f" (this repository's tests: {_EXTRAS[e.name]})" if e.name in _EXTRAS else "")
+            ) from e
         raise UsageError(
             f"{role} {spec!r}: cannot import {module_name!r} from {os.getcwd()} ({e})"
         ) from e

@@ -7,6 +7,9 @@ tests/test_parity_zoo.py (slow).
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -305,3 +308,24 @@ def test_the_nested_structure_reaches_the_port_as_jax_arrays():
     assert isinstance(got, tuple) and isinstance(got[0]["a"], list) and got[1] is True
     assert isinstance(got[0]["a"][0], jax.Array) and got[0]["a"][1][1] is None
     np.testing.assert_array_equal(got[0]["a"][1][0], np.zeros(1))
+
+
+def test_a_factory_module_whose_import_is_missing_names_what_to_install(tmp_path):
+    """A factory module that imports a package this environment lacks (pytest in a venv without
+    the dev extra, say): one line naming the package and the install, exit status 2."""
+    (tmp_path / "my_factories.py").write_text(
+        "import no_such_package_xyz\n\ndef torch_side():\n    pass\n\ndef nnx_side():\n    pass\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "parity", "diff", "my_factories:torch_side", "my_factories:nnx_side"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert lines == [
+        "python -m parity diff: TORCH_FACTORY 'my_factories:torch_side': 'my_factories' imports "
+        "'no_such_package_xyz', which this environment lacks: pip install no_such_package_xyz"
+    ], lines
+    from parity.diff import _EXTRAS
+
+    assert _EXTRAS["pytest"] == "pip install -e '.[dev]'"  # the extra the tests' factories need
