@@ -17,30 +17,35 @@ from parity.state_dict import to_numpy
 VARIANTS = ("mlp_t", "att", "learned", "hrm", "singlez", "hier6", "baseline")
 
 
+# The one tiny TRM of this repository's tests and fixtures (upstream's field names): every tiny
+# config is this plus the changes its test states (the upstream goldens: parity/goldens/trm.py;
+# the training parity tests: tests/test_trm_training_parity.py).
+TINY = dict(
+    batch_size=4,
+    seq_len=16,
+    puzzle_emb_ndim=64,
+    num_puzzle_identifiers=5,
+    vocab_size=11,
+    H_cycles=2,
+    L_cycles=2,
+    H_layers=0,
+    L_layers=2,
+    hidden_size=64,
+    expansion=2,
+    num_heads=4,
+    pos_encodings="rope",
+    halt_max_steps=16,
+    halt_exploration_prob=0.1,
+    puzzle_emb_len=4,
+)
+
+
 def tiny_config(variant: str = "mlp_t", dtype: str = "float32", **overrides):
-    """A config small enough for CPU tests (hidden 64, seq 16, prefix 4, vocab 11, batch 4)."""
+    """TINY as a TRMConfig (hidden 64, seq 16, prefix 4, vocab 11, batch 4) of `variant` in
+    `dtype`, with `overrides`."""
     from models.trm import TRMConfig
 
-    base = dict(
-        batch_size=4,
-        seq_len=16,
-        puzzle_emb_ndim=64,
-        num_puzzle_identifiers=5,
-        vocab_size=11,
-        H_cycles=2,
-        L_cycles=2,
-        H_layers=0,
-        L_layers=2,
-        hidden_size=64,
-        expansion=2,
-        num_heads=4,
-        pos_encodings="rope",
-        forward_dtype=dtype,
-        mlp_t=False,
-        puzzle_emb_len=4,
-        halt_max_steps=16,
-        halt_exploration_prob=0.1,
-    )
+    base = dict(TINY, forward_dtype=dtype)
     per_variant = {
         "mlp_t": dict(mlp_t=True, pos_encodings="none"),
         "att": {},

@@ -131,10 +131,9 @@ def test_eager_init_equals_traced():
 
     from models.trm.layers import trunc_normal
 
-    cfg = TRMConfig(
-        batch_size=2, seq_len=9, vocab_size=11, num_puzzle_identifiers=3, hidden_size=32,
-        num_heads=2, puzzle_emb_ndim=32, puzzle_emb_len=1, H_cycles=2, L_cycles=2,
-        halt_max_steps=3, forward_dtype="bfloat16",
+    cfg = tiny_config(
+        "att", "bfloat16", batch_size=2, seq_len=9, num_puzzle_identifiers=3, hidden_size=32,
+        num_heads=2, puzzle_emb_ndim=32, puzzle_emb_len=1, halt_max_steps=3,
     )  # fmt: skip
     eager = TRM(cfg, rngs=nnx.Rngs(params=1, exploration=2))
     traced = nnx.jit(lambda: TRM(cfg, rngs=nnx.Rngs(params=1, exploration=2)))()
