@@ -29,6 +29,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from train import config as config_lib
+from train import gcs
 from train.compilation_cache import log_compilation_cache_stats, setup_compilation_cache
 from train.compose import CONFIG_DIR, load_config, validate
 from train.distributed import initialize, quiet_tpu_probe
@@ -116,6 +117,7 @@ def _hydra_app(cfg) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
+    gcs.configure()  # STORAGE_EMULATOR_HOST set: every gs:// client goes to that server
     args = sys.argv[1:] if argv is None else list(argv)
     config_lib.register_schema()  # base_config, before anything composes
     cfg = None
@@ -151,6 +153,7 @@ if __name__ == "__main__":
     # basicConfig a no-op and leave it at WARNING
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", force=True)
     logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every file it writes
+    logging.getLogger("fsspec").setLevel(logging.WARNING)  # gcsfs logs every file it reads
     # JAX >= 0.12 logs each backend it could not start ('tpu' without libtpu, 'proxy') at INFO;
     # its warnings and errors still show
     logging.getLogger("jax").setLevel(logging.WARNING)
