@@ -26,7 +26,7 @@ import os
 import sys
 import tempfile
 
-from train import families
+from train import families, gcs
 from train.errors import ConfigError, exit_with
 
 log = logging.getLogger(__name__)
@@ -131,6 +131,7 @@ def _parser(registered: dict) -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> dict:
+    gcs.configure()  # STORAGE_EMULATOR_HOST set: every gs:// client goes to that server
     registered = families.registered()
     args = _parser(registered).parse_intermixed_args(argv)
     from train.distributed import quiet_tpu_probe

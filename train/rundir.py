@@ -41,13 +41,15 @@ import jax
 import numpy as np
 from etils import epath
 
+from train import gcs
+from train.config import RunConfig
 from train.errors import ConfigError, disk_full_names, one_line
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = "writer.lock"  # a local run directory's claim
 LEASE_FILE = "writer.lease"  # a bucket run directory's claim
-LEASE_TTL_S = 120.0  # a lease not renewed for this long belongs to nobody
+LEASE_TTL_S = RunConfig.lease_ttl_s  # a lease not renewed for this long belongs to nobody
 RENEW_EVERY = 4  # renewals per TTL: three can fail (a network blip) before the lease is at risk
 
 
@@ -299,21 +301,21 @@ def _parse(text: str) -> dict:
         return {}
 
 
-def make_claim(run_dir):
-    """The claim that fits `run_dir`: a flock locally, a lease in a bucket."""
+def make_claim(run_dir, ttl_s: float = LEASE_TTL_S):
+    """The claim that fits `run_dir`: a flock locally, a lease (of `ttl_s`) in a bucket."""
     if "://" in str(run_dir):
-        return LeaseClaim(run_dir)
+        return LeaseClaim(run_dir, ttl_s=ttl_s)
     return LocalClaim(run_dir)
 
 
 @contextlib.contextmanager
-def claim(run_dir) -> Iterator:
+def claim(run_dir, ttl_s: float = LEASE_TTL_S) -> Iterator:
     """Claims `run_dir` for this run (process 0; the others learn whether it could) and releases
     it at exit. ConfigError (one line) when another trainer holds it. Yields the claim, whose
     `check()` the trainer calls every step (None on processes other than 0)."""
     held, error = None, None
     if jax.process_index() == 0:
-        held = make_claim(run_dir)
+        held = make_claim(run_dir, ttl_s)
         try:
             held.acquire()
         except ConfigError as e:
@@ -336,6 +338,7 @@ def claim(run_dir) -> Iterator:
 def main(argv: list[str] | None = None) -> int:
     """`python -m train.rundir check DIR`: exit 1 with the error line when a live trainer holds
     DIR, 0 otherwise (nothing is claimed or written)."""
+    gcs.configure()  # STORAGE_EMULATOR_HOST set: every gs:// client goes to that server
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2 or args[0] != "check":
         print("usage: python -m train.rundir check RUN_DIR", file=sys.stderr)

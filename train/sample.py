@@ -17,7 +17,7 @@ import argparse
 import inspect
 
 from models.state_dict import StateDictError, UnsafeCheckpointError
-from train import families
+from train import families, gcs
 from train.distributed import quiet_tpu_probe
 from train.errors import ConfigError, exit_with
 from train.source import open_source
@@ -44,6 +44,7 @@ def _parser(samplers: dict) -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> list[str]:
+    gcs.configure()  # STORAGE_EMULATOR_HOST set: every gs:// client goes to that server
     samplers = {n: f.sampler for n, f in families.registered().items() if f.sampler is not None}
     args = _parser(samplers).parse_args(argv)
     quiet_tpu_probe()

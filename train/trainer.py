@@ -52,7 +52,7 @@ def train(cfg, mesh) -> dict:
     kept), and ConfigError when another trainer is writing the run directory (train/rundir.py)."""
     # from the start: a signal during startup stops cleanly; the run directory is claimed
     # before anything in it is read or written
-    with Preemption() as preemption, rundir.claim(run_dir_of(cfg)) as claim:
+    with Preemption() as preemption, rundir.claim(run_dir_of(cfg), cfg.run.lease_ttl_s) as claim:
         return _train(cfg, mesh, preemption, claim)
 
 
