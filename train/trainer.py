@@ -74,7 +74,7 @@ def _train(cfg, mesh, preemption, claim) -> dict:
     )
     step_fn = jit_lib.jit_train_step(task)
     config_dict = OmegaConf.to_container(cfg, resolve=True)
-    logger = MetricLogger(run_dir, cfg, cfg.run.name, config_dict, stop, task.console_metrics)
+    logger = MetricLogger(run_dir, cfg, cfg.run.name, config_dict, stop, task.console_metrics, step)
     run = _Run(cfg, task, ckpt, logger, data_iter, step, meta, goodput, preemption, claim)
     run.profiler = StepProfiler(cfg, run_dir)
     peak = peak_flops() * mesh.devices.size
@@ -429,7 +429,8 @@ class _Run:
             self.ckpt.save(
                 step, state, self.data_iter, meta=meta, metrics=numeric or None, force=True
             )
-        self.logger.sync()  # metrics up to a checkpoint survive with it (gs://: one rewrite)
+        # metrics up to a checkpoint survive with it, its own step's included (gs://: one rewrite)
+        self.logger.flush()
 
 
 def _best(ckpt_cfg, best, metrics: dict):
