@@ -250,8 +250,8 @@ def test_evaluate_sample_and_source_read_the_bucket(emulated, straight, tmp_path
     report = evaluate.main([run_dir])
     want = [r for r in _metrics(emulated, "straight") if "eval/val_loss" in r][-1]
     assert report["step"] == STEPS and report["val_loss"] == want["eval/val_loss"], report
-    src = open_source(run_dir, step=10)
-    assert (src.kind, src.step, src.meta["step"]) == ("run", 10, 10)
+    src = open_source(run_dir, step=20)  # the older of the two kept (checkpoint.keep_last)
+    assert (src.kind, src.step, src.meta["step"]) == ("run", 20, 20)
     with pytest.raises(SourceError, match="a directory without config.yaml"):
         open_source(f"gs://{BUCKET}/runs/none")
     argv = ["--start", "ALDA:\n", "--num-samples", "2", "--max-new-tokens", "12", "--seed", "3"]
@@ -262,3 +262,59 @@ def test_evaluate_sample_and_source_read_the_bucket(emulated, straight, tmp_path
 
     ckpt = export(run_dir, str(tmp_path / "ckpt.pt"))
     assert sample.main([ckpt, *argv]) == from_bucket
+
+
+def _start_two(srv, text_dir, name, tmp_path):
+    """`python -m train.main` as two local JAX processes (launch.local's environments, gloo)."""
+    from launch import local
+
+    envs = local.process_envs(srv.env(), 2, 4, "cpu")
+    logs = [open(tmp_path / f"{name}-{i}.log", "w+") for i in range(2)]
+    cmd = [sys.executable, "-m", "train.main", *_args(text_dir, name)]
+    procs = [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT,
+                              text=True) for env, f in zip(envs, logs)]  # fmt: skip
+    return procs, logs
+
+
+def _finish_two(procs, logs, timeout=600):
+    codes = [p.wait(timeout=timeout) for p in procs]
+    outs = []
+    for f in logs:
+        f.seek(0)
+        outs.append(f.read())
+    return codes, outs
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_processes_stop_at_one_committed_step_and_resume(server, text_dir, tmp_path):
+    """SIGTERM to process 1 of a two-process run writing to the bucket: both stop after the same
+    step with the same line, that step is committed there with both processes' data state, and the
+    same command resumes to the end, each step logged once."""
+    from train.preemption import EXIT_PREEMPTED
+
+    procs, logs = _start_two(server, text_dir, "two", tmp_path)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+        logs[0].seek(0)
+        if "step 7:" in logs[0].read():
+            break
+        time.sleep(0.01)
+    procs[1].send_signal(signal.SIGTERM)
+    codes, outs = _finish_two(procs, logs)
+    assert codes == [EXIT_PREEMPTED] * 2, outs[0][-3000:] + outs[1][-3000:]
+    lines = [_last_line(o) for o in outs]
+    assert lines[0] == lines[1], lines
+    m = re.fullmatch(r"preempted at step (\d+): checkpoint gs://bucket/runs/two/checkpoints/(\d+) "
+                     r"committed; run the same command again to resume", lines[0])  # fmt: skip
+    assert m and m.group(1) == m.group(2), lines[0]
+    step = int(m.group(1))
+    names = server.names(f"runs/two/checkpoints/{step}/")
+    assert f"runs/two/checkpoints/{step}/commit_success.txt" in names, names
+    assert [n.rsplit("/", 1)[1] for n in names if "/data/process_" in n] == [
+        "process_0-of-2.json", "process_1-of-2.json"]  # fmt: skip
+    assert [s for s, _ in _losses(server, "two")] == list(range(1, step + 1))
+    codes, outs = _finish_two(*_start_two(server, text_dir, "two", tmp_path))
+    assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    assert f"resumed gs://bucket/runs/two from step {step}" in outs[0], outs[0][-3000:]
+    assert [s for s, _ in _losses(server, "two")] == list(range(1, STEPS + 1))
