@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 EMULATOR_VAR = "STORAGE_EMULATOR_HOST"  # the variable google-cloud-storage and gcsfs read
 TENSORSTORE_URL_VAR = "TENSORSTORE_GCS_HTTP_URL"  # TensorStore's endpoint in place of Google's
@@ -62,3 +63,44 @@ def _no_move_fallback(record: logging.LogRecord) -> bool:
     traceback, then "Falling back to copy/delete"); the copy and delete that follow still run."""
     text = record.getMessage()
     return not ("moveTo" in text or "couldn't decode, 400" in text)
+
+
+# sysexits.h EX_UNAVAILABLE: the bucket did not answer; the same command resumes once it does
+EXIT_UNREACHABLE = 69
+
+
+def unreachable(e: BaseException) -> bool:
+    """Whether `e`, or an exception it was raised from, is a connection that could not be made or
+    was lost (gcsfs's aiohttp, google-cloud-storage's requests, TensorStore's libcurl: each ends
+    in one once its retries are spent)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, ConnectionError) or type(e).__name__ in _CONNECTION_ERRORS:
+            return True
+        if any(t in str(e) for t in _CONNECTION_TEXTS):  # TensorStore's, raised as ValueError
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+# connection failures of the clients' own types that do not derive from ConnectionError
+_CONNECTION_ERRORS = ("ClientConnectorError", "ServerDisconnectedError", "NewConnectionError")
+# TensorStore's (libcurl's) words for a server it could not connect to once its retries are spent
+_CONNECTION_TEXTS = ("CURL error Could not connect", "Failed to connect to", "curl_code='7'")
+
+
+def exit_if_unreachable(e: BaseException, run_dir) -> None:
+    """Prints the one line of a bucket that stopped answering and exits EXIT_UNREACHABLE when `e`
+    is such a failure; returns otherwise."""
+    if not unreachable(e):
+        return
+    from train.errors import one_line
+
+    print(
+        f"error: cannot reach the bucket of {run_dir} ({one_line(e, limit=300)}); the checkpoints "
+        "committed before are kept. Run the same command again once it answers",
+        file=sys.stderr,
+        flush=True,
+    )
+    sys.exit(EXIT_UNREACHABLE)

@@ -44,7 +44,7 @@ from train.errors import (
 from train.mesh import make_mesh
 from train.nonfinite import NonfiniteError
 from train.preemption import EXIT_PREEMPTED, Preempted
-from train.trainer import train
+from train.trainer import run_dir_of, train
 
 _MULTIRUN = ("-m", "--multirun")
 
@@ -92,8 +92,9 @@ def run(cfg) -> dict:
     except Preempted as e:  # SIGTERM / SIGINT: the step reached is committed
         print(e, file=sys.stderr, flush=True)
         sys.exit(EXIT_PREEMPTED)
-    except (DiskFullError, OSError) as e:  # the last committed checkpoint is intact
+    except (DiskFullError, OSError, ValueError) as e:  # the last committed checkpoint is intact
         if not is_disk_full(e):
+            gcs.exit_if_unreachable(e, run_dir_of(cfg))  # a bucket that stopped answering
             raise
         if not isinstance(e, DiskFullError):  # a write outside the trainer's own (a data build)
             e = DiskFullError(e.filename or cfg.run.out_dir)

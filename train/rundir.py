@@ -287,7 +287,11 @@ class LeaseClaim:
     def release(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join()
+            # a renewal in flight to a bucket that stopped answering retries for minutes: the
+            # lease is left to expire
+            self._thread.join(timeout=self.ttl_s / RENEW_EVERY)
+            if self._thread.is_alive():
+                return
         if self.lost is None and self.generation:
             with contextlib.suppress(Exception):  # an unreleased lease just expires
                 self.store.delete(self.generation)

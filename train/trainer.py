@@ -22,7 +22,7 @@ import numpy as np
 from etils import epath
 from omegaconf import OmegaConf
 
-from train import families, rundir
+from train import families, gcs, rundir
 from train import jit as jit_lib
 from train import mesh as mesh_lib
 from train.checkpoint import Checkpointer
@@ -124,6 +124,8 @@ def _close(*closers) -> None:
     """Runs every closer. With an exception already in flight (a failed save, a full disk, a
     preemption) their errors are logged, not raised: the first error is the one reported."""
     failing = sys.exc_info()[1] is not None
+    if failing and gcs.unreachable(sys.exc_info()[1]):  # a bucket that stopped answering: a save
+        return  # in flight would retry its writes for minutes, and nothing more can be written
     first = None
     for close in closers:
         try:
