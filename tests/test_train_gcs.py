@@ -318,3 +318,65 @@ def test_two_processes_stop_at_one_committed_step_and_resume(server, text_dir, t
     assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     assert f"resumed gs://bucket/runs/two from step {step}" in outs[0], outs[0][-3000:]
     assert [s for s, _ in _losses(server, "two")] == list(range(1, STEPS + 1))
+
+
+# TensorStore's retry budget for a Cloud Storage request (its Context.gcs_request_retries: 32
+# tries, up to 32 s apart) keeps a save in flight retrying for about 15 minutes before it fails;
+# this test's trainer gets 2 tries, 1 s apart, through Orbax's default TensorStore context
+# (docs/tpu_runbook.md, "A bucket outage").
+_SHORT_TENSORSTORE_RETRIES = textwrap.dedent("""
+    import runpy, sys
+    from orbax.checkpoint._src.serialization import tensorstore_utils
+    short = {"gcs_request_retries": {"max_retries": 2, "initial_delay": "0.5s", "max_delay": "1s"}}
+    tensorstore_utils._BASE_TS_CONTEXT.update(short)
+    tensorstore_utils._DEFAULT_OCDBT_TS_CONTEXT.update(short)
+    sys.argv[0] = "train.main"
+    runpy.run_module("train.main", run_name="__main__", alter_sys=True)
+""")
+
+
+@pytest.mark.slow
+def test_a_bucket_outage_stops_in_one_line_and_the_same_command_resumes(text_dir, straight,
+                                                                        tmp_path):  # fmt: skip
+    """The server process is stopped mid-run (SIGTERM: its port refuses connections, as a bucket
+    that cannot be reached), with the filesystem backend, so that every object committed before
+    is there when it starts again on the same port. The trainer stops in one line with exit
+    status 69 (the save in flight is abandoned, not waited for); the checkpoints committed before
+    the outage are all there afterwards; the same command resumes (once the lease left behind
+    has expired) and ends on the uninterrupted run's losses."""
+    from train.gcs import EXIT_UNREACHABLE
+
+    outage = GcsServer(root=str(tmp_path / "objects"), log_path=str(tmp_path / "server.log"))
+    outage.start().make_bucket(BUCKET)
+    try:
+        log_path = tmp_path / "trainer.log"
+        with open(log_path, "w+") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _SHORT_TENSORSTORE_RETRIES, *_args(text_dir, "outage")],
+                cwd=REPO, env=outage.env(), stdout=log, stderr=subprocess.STDOUT, text=True,
+            )  # fmt: skip
+            deadline = time.monotonic() + 300
+            while proc.poll() is None and time.monotonic() < deadline:
+                if "step 12:" in log_path.read_text():
+                    break
+                time.sleep(0.002)
+            committed = [n for n in outage.names("runs/outage/checkpoints/")
+                         if n.count("/") == 4 and n.endswith("/commit_success.txt")]  # fmt: skip
+            outage.stop()
+            rc = proc.wait(timeout=300)
+        out = log_path.read_text()
+        assert rc == EXIT_UNREACHABLE, out[-3000:]
+        line = _last_line(out)
+        assert line.startswith("error: cannot reach the bucket of gs://bucket/runs/outage ("), line
+        assert line.endswith("Run the same command again once it answers"), line
+        outage.start()
+        kept = outage.names("runs/outage/checkpoints/")
+        assert all(name in kept for name in committed), (committed, kept)
+        rc, log = run_and_signal(_args(text_dir, "outage"), when=None, env=outage.env())
+        if rc == 1:  # within the lease's TTL
+            time.sleep(TTL_S)
+            rc, log = run_and_signal(_args(text_dir, "outage"), when=None, env=outage.env())
+        assert rc == 0, log[-3000:]
+        assert _losses(outage, "outage") == straight
+    finally:
+        outage.stop()
