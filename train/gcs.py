@@ -92,8 +92,8 @@ _CONNECTION_TEXTS = ("CURL error Could not connect", "Failed to connect to", "cu
 
 def exit_if_unreachable(e: BaseException, run_dir) -> None:
     """Prints the one line of a bucket that stopped answering and exits EXIT_UNREACHABLE when `e`
-    is such a failure; returns otherwise."""
-    if not unreachable(e):
+    is such a failure of a bucket run directory; returns otherwise."""
+    if "://" not in str(run_dir) or not unreachable(e):
         return
     from train.errors import one_line
 
