@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -96,7 +97,7 @@ def test_one_switch_sends_every_client_to_the_server(server):
     """)
     env = {k: v for k, v in server.env().items() if not k.startswith(("TENSORSTORE_", "GOOGLE_"))}
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+                          text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert [server.read(f"switch/{n}") for n in ("tensorstore", "epath", "lease")] == [
         b"ts", b"epath", b"lease"]  # fmt: skip
@@ -174,19 +175,16 @@ def straight(server, text_dir):
 
 
 def _saving(srv, run: str, step: int):
-    """A `when`: step `step`'s save has written objects, and is not committed yet."""
-    prefix = f"runs/{run}/checkpoints/{step}"
-
-    def when(_out):
-        names = srv.names(prefix)
-        return bool(names) and f"{prefix}/commit_success.txt" not in names
-
-    return when
+    """A `when`: step `step`'s save has written objects (on Cloud Storage Orbax writes a step in
+    place and commits it with commit_success.txt: a kill now finds it half written, unless the
+    save was quicker than the poll)."""
+    prefix = f"runs/{run}/checkpoints/{step}/"
+    return lambda _out: bool(srv.names(prefix))
 
 
 @pytest.mark.slow
 def test_sigkill_mid_save_then_the_same_command_resumes_exactly(server, text_dir, straight):
-    """A SIGKILL while step 10 is being written: the killed trainer's lease blocks the same command
+    """A SIGKILL once step 10 is being written: the killed trainer's lease blocks the same command
     until it expires (one line), then the command resumes from the newest committed step; the
     loss curve equals the uninterrupted run's, each step logged once."""
     rc, log = run_and_signal(_args(text_dir, "killed"), when=_saving(server, "killed", 10),
@@ -380,3 +378,32 @@ def test_a_bucket_outage_stops_in_one_line_and_the_same_command_resumes(text_dir
         assert _losses(outage, "outage") == straight
     finally:
         outage.stop()
+
+
+@pytest.mark.slow
+def test_a_stalled_bucket_is_waited_for(server, text_dir, straight):
+    """The server paused for 5 s (SIGSTOP, then SIGCONT: requests wait, none is refused, no state
+    is lost) while steps 12-15 run and step 15 saves: the clients wait, and the run ends on the
+    uninterrupted run's losses, with no error."""
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "train.main", *_args(text_dir, "stall")], cwd=REPO,
+            env=server.env(), stdout=log, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline:
+            log.seek(0)
+            if "step 12:" in log.read():
+                break
+            time.sleep(0.002)
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(5)
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        rc = proc.wait(timeout=300)
+        log.seek(0)
+        out = log.read()
+    assert rc == 0, out[-3000:]
+    assert "error" not in out.lower(), out[-3000:]
+    assert _losses(server, "stall") == straight
