@@ -123,12 +123,6 @@ class GcsServer:
                 return None
             raise
 
-    def status_of(self, method: str, path: str, data: bytes | None = None, **query) -> int:
-        try:
-            return self._call(method, path, data, **query)[0]
-        except urllib.error.HTTPError as e:
-            return e.code
-
 
 def precondition_gaps(server: GcsServer, bucket: str = BUCKET) -> list[str]:
     """The lease's requests that this server carries out although their generation precondition
