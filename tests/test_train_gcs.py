@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 
 import pytest
@@ -113,8 +114,13 @@ def test_the_lease_against_the_server(emulated, caplog):
     from train.rundir import LeaseClaim, LostClaim
 
     run_dir, ttl = f"gs://{BUCKET}/lease-test/run", 1.0
+    gone = LeaseClaim(run_dir, ttl_s=ttl)  # a trainer that died holding the lease
+    gone.acquire()
+    gone._stop.set()
+    gone._thread.join()
+    time.sleep(ttl + 0.2)
     first = LeaseClaim(run_dir, ttl_s=ttl)
-    first.acquire()
+    first.acquire()  # takes over: it has read the object, as a resumed run does
     claimed = first.generation
     time.sleep(ttl / 2)
     assert first.generation != claimed  # renewed (conditionally) by its heartbeat
@@ -129,10 +135,40 @@ def test_the_lease_against_the_server(emulated, caplog):
     assert "took over gs://bucket/lease-test/run: its previous writer" in caplog.text
     first._stop.clear()
     first._heartbeat()  # its next renewal meets the new owner's generation: it stops
-    with pytest.raises(LostClaim, match="another trainer .* took over its lease"):
+    # the old owner's message names the new one (this process), not "owner unknown"
+    with pytest.raises(LostClaim, match=rf"another trainer \(host .*, pid {os.getpid()}, since "):
         first.check()
     second.release()
     assert emulated.read("lease-test/run/writer.lease") is None
+
+
+def test_a_write_whose_answer_was_lost_keeps_the_lease(emulated):
+    """google-cloud-storage retries a conditional write whose answer was lost (a connection reset);
+    when the first attempt had landed, the retry's precondition fails against the trainer's own
+    write. Made here by writing the claim's own record behind its back, once before its claim and
+    once before a renewal: each time the claim takes the object as its own, not as another
+    trainer's (it would refuse to start, or stop with LostClaim, naming itself)."""
+    from train.rundir import GcsObject, LeaseClaim
+
+    run_dir = f"gs://{BUCKET}/lost-answer/run"
+    store = GcsObject(f"{run_dir}/writer.lease")
+    claim = LeaseClaim(run_dir, ttl_s=1.0)
+    store.write(claim._record(), 0)  # the claim's create landed, its answer did not
+    claim.acquire()
+    assert claim.generation == store.read()[1]
+    claim._stop.set()
+    claim._thread.join()
+    landed = store.write(claim._record(), claim.generation)  # a renewal, unanswered
+    claim._stop.clear()
+    renewing = threading.Thread(target=claim._heartbeat)
+    renewing.start()
+    time.sleep(0.6)  # two renewal periods: the one that meets `landed`, and one more
+    claim._stop.set()
+    renewing.join()
+    assert claim.lost is None and claim.generation not in (0, landed)
+    claim.check()
+    claim.release()
+    assert emulated.read("lost-answer/run/writer.lease") is None
 
 
 def test_a_stale_release_leaves_the_new_owners_lease(emulated):
