@@ -1,6 +1,7 @@
 # Two commands do all the setup on a fresh Linux box with Python >= 3.11 and the package registries:
 #   make demo   -- creates .venv if missing, builds a small dataset offline, trains on the laptop CPU
-#   make test   -- creates .venv if missing, installs the dev + parity extras, runs the default test tier
+#   make test   -- creates .venv if missing, installs the dev, parity, tpu and gcs-test extras, runs
+#                  the default test tier
 #   make test-slow -- also installs the zoo extra (transformers, segment-anything), runs the slow tier
 PYTHON ?= python3
 VENV ?= .venv
@@ -23,7 +24,7 @@ $(BIN)/.installed-base: pyproject.toml
 
 $(BIN)/.installed-dev: pyproject.toml $(BIN)/.installed-base
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL),)
-	$(BIN)/python -m pip install -q -e ".[dev,parity,tpu]"
+	$(BIN)/python -m pip install -q -e ".[dev,parity,tpu,gcs-test]"
 	touch $@
 
 # the slow tier's references of real models (tests/test_parity_zoo.py); kept out of make test's

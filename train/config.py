@@ -42,6 +42,9 @@ class RunConfig:
     # own JAX_COMPILATION_CACHE_DIR, if set, wins over it.
     compilation_cache_dir: str | None = DEFAULT_DIR
     compilation_cache_min_compile_secs: float = DEFAULT_MIN_COMPILE_SECS  # faster ones: not saved
+    # A bucket run directory's one-writer lease (train/rundir.py): a trainer that has not renewed
+    # it for this long (a killed job, a lost VM) loses the run directory to the next one.
+    lease_ttl_s: float = 120.0
 
 
 @dataclass
@@ -237,6 +240,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(
             f"missing value(s) for {missing}; did you forget +experiment=NAME (configs/experiment/)?"
         )
+    _positive(cfg.run.lease_ttl_s, "run.lease_ttl_s")
     _positive(
         cfg.run.compilation_cache_min_compile_secs,
         "run.compilation_cache_min_compile_secs",

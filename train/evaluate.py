@@ -25,7 +25,7 @@ import os
 import sys
 import tempfile
 
-from train import families
+from train import families, gcs
 from train.cli import FamilyCommand
 from train.errors import ConfigError, exit_with
 
@@ -124,6 +124,7 @@ COMMAND = FamilyCommand(
 
 
 def main(argv=None) -> dict:
+    gcs.configure()  # STORAGE_EMULATOR_HOST set: every gs:// client goes to that server
     from train.distributed import quiet_tpu_probe
     from train.source import source_family
 

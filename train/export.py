@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from train import gcs
 from train.distributed import quiet_tpu_probe
 from train.errors import ConfigError, exit_with
 from train.source import open_source
@@ -39,6 +40,7 @@ def export(source: str, out: str, step: int | None = None) -> str:
 
 
 def main(argv=None):
+    gcs.configure()  # STORAGE_EMULATOR_HOST set: every gs:// client goes to that server
     p = argparse.ArgumentParser(
         prog="python -m train.export",
         description=__doc__,

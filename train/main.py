@@ -29,6 +29,7 @@ from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
+from train import gcs
 from train.compilation_cache import log_compilation_cache_stats, setup_compilation_cache
 from train.compose import CONFIG_DIR, load_config, register_schema, validate
 from train.distributed import initialize, quiet_tpu_probe
@@ -43,7 +44,7 @@ from train.errors import (
 from train.mesh import make_mesh
 from train.nonfinite import NonfiniteError
 from train.preemption import EXIT_PREEMPTED, Preempted
-from train.trainer import train
+from train.trainer import run_dir_of, train
 
 _MULTIRUN = ("-m", "--multirun")
 
@@ -90,8 +91,9 @@ def one_run(cfg):
     except Preempted as e:  # SIGTERM / SIGINT: the step reached is committed
         print(e, file=sys.stderr, flush=True)
         sys.exit(EXIT_PREEMPTED)
-    except (DiskFullError, OSError) as e:  # the last committed checkpoint is intact
+    except (DiskFullError, OSError, ValueError) as e:  # the last committed checkpoint is intact
         if not is_disk_full(e):
+            gcs.exit_if_unreachable(e, run_dir_of(cfg))  # a bucket that stopped answering
             raise
         if not isinstance(e, DiskFullError):  # a write outside the trainer's own (a data build)
             e = DiskFullError(e.filename or cfg.run.out_dir)
@@ -118,6 +120,7 @@ def _hydra_app(cfg) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
+    gcs.configure()  # STORAGE_EMULATOR_HOST set: every gs:// client goes to that server
     args = sys.argv[1:] if argv is None else list(argv)
     register_schema()  # base_config and the families' defaults, before anything composes
     cfg = None
@@ -154,6 +157,7 @@ if __name__ == "__main__":
     # basicConfig a no-op and leave it at WARNING
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", force=True)
     logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every file it writes
+    logging.getLogger("fsspec").setLevel(logging.WARNING)  # gcsfs logs every file it reads
     # JAX >= 0.12 logs each backend it could not start ('tpu' without libtpu, 'proxy') at INFO;
     # its warnings and errors still show
     logging.getLogger("jax").setLevel(logging.WARNING)

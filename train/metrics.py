@@ -89,12 +89,15 @@ class JsonlFile:
     run keeps what it logged), a whole-file rewrite per `sync()` on an object store. A write that
     finds the disk full raises DiskFullError naming the file."""
 
-    def __init__(self, path, *, rewrite: bool | None = None):
+    def __init__(self, path, *, rewrite: bool | None = None, resumed_at: int | None = None):
         self.path = epath.Path(path)
         self.rewrite = not is_local(path) if rewrite is None else rewrite
         if self.rewrite:
-            self.lines = [self.path.read_text()] if self.path.exists() else []
-            self.dirty = False
+            old = self.path.read_text().splitlines(keepends=True) if self.path.exists() else []
+            # the steps after the checkpoint a run resumes from are trained and logged again:
+            # their old records go (a local file keeps them; its later record of a step wins)
+            self.lines = [line for line in old if not _after(line, resumed_at)]
+            self.dirty = len(self.lines) != len(old)
         else:  # unbuffered: a line is on disk when write returns, or not at all
             self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
@@ -135,13 +138,23 @@ class JsonlFile:
                 raise
 
 
+def _after(line: str, step: int | None) -> bool:
+    """Whether the JSONL `line` records a step after `step` (None: no step is)."""
+    if step is None:
+        return False
+    try:
+        return int(json.loads(line)["step"]) > step
+    except (ValueError, KeyError, TypeError):  # a damaged line stays as it is
+        return False
+
+
 # Shown on the console line of every family, after the family's own (Task.console_metrics)
 SPEED_METRICS = ("step_time_ms", "mfu")
 
 
 class MetricLogger:
     def __init__(self, run_dir, cfg, run_id: str, config_dict: dict, total_steps: int,
-                 console_metrics=()):  # fmt: skip
+                 console_metrics=(), resumed_at: int | None = None):  # fmt: skip
         self.is_main = jax.process_index() == 0
         self.console_metrics = (*console_metrics, *SPEED_METRICS)
         self.pending = None
@@ -154,7 +167,7 @@ class MetricLogger:
         run_dir = epath.Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         if cfg.logging.jsonl:
-            self.jsonl = JsonlFile(run_dir / "metrics.jsonl")
+            self.jsonl = JsonlFile(run_dir / "metrics.jsonl", resumed_at=resumed_at)
         mode = cfg.logging.wandb
         if mode == "auto":
             mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"

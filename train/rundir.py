@@ -41,13 +41,15 @@ import jax
 import numpy as np
 from etils import epath
 
+from train import gcs
+from train.config import RunConfig
 from train.errors import ConfigError, disk_full_names, one_line
 
 log = logging.getLogger(__name__)
 
 LOCK_FILE = "writer.lock"  # a local run directory's claim
 LEASE_FILE = "writer.lease"  # a bucket run directory's claim
-LEASE_TTL_S = 120.0  # a lease not renewed for this long belongs to nobody
+LEASE_TTL_S = RunConfig.lease_ttl_s  # a lease not renewed for this long belongs to nobody
 RENEW_EVERY = 4  # renewals per TTL: three can fail (a network blip) before the lease is at risk
 
 
@@ -195,33 +197,41 @@ class GcsObject:
     def __init__(self, url: str):
         from google.cloud import storage  # lazy: only for gs:// run directories
 
-        bucket, _, name = url.removeprefix("gs://").partition("/")
+        bucket, _, self.name = url.removeprefix("gs://").partition("/")
         self.url = url
-        self.blob = storage.Client().bucket(bucket).blob(name)
+        self.bucket = storage.Client().bucket(bucket)
+
+    def _blob(self):
+        """A new handle on every call: a Blob that has read or written the object keeps that
+        generation and reads, or deletes, exactly it afterwards (gone once another writer
+        replaced it: a 404, which read as "no lease")."""
+        return self.bucket.blob(self.name)
 
     def read(self) -> tuple[str | None, int]:
         from google.api_core import exceptions
 
+        blob = self._blob()
         try:
-            text = self.blob.download_as_text()
+            text = blob.download_as_text()
         except exceptions.NotFound:
             return None, 0
-        return text, int(self.blob.generation)
+        return text, int(blob.generation)
 
     def write(self, text: str, generation: int) -> int:
         from google.api_core import exceptions
 
+        blob = self._blob()
         try:
-            self.blob.upload_from_string(text, if_generation_match=generation)
+            blob.upload_from_string(text, if_generation_match=generation)
         except exceptions.PreconditionFailed as e:
             raise Conflict(self.url) from e
-        return int(self.blob.generation)
+        return int(blob.generation)
 
     def delete(self, generation: int) -> None:
         from google.api_core import exceptions
 
         try:
-            self.blob.delete(if_generation_match=generation)
+            self._blob().delete(if_generation_match=generation)
         except (exceptions.PreconditionFailed, exceptions.NotFound) as e:
             raise Conflict(self.url) from e
 
@@ -264,34 +274,48 @@ class LeaseClaim:
         """ConfigError when a live trainer holds the lease; nothing is written."""
         self._age_unless_live(self.store.read()[0])
 
+    def _mine(self, text: str | None) -> bool:
+        """Whether the lease `text` is this claim's own record. google-cloud-storage retries a
+        conditional write whose answer was lost (a connection reset); when the first attempt had
+        landed, the retry's precondition fails against this claim's own write."""
+        owner = Owner.parse(text or "")
+        return owner is not None and owner.id == self.me.id
+
     def acquire(self) -> None:
+        taken = None  # (text, age) of the expired lease this claim replaces
         for _ in range(3):  # a lost race re-reads the object
             text, generation = self.store.read()
+            if self._mine(text):  # the write of the attempt before landed
+                self.generation = generation
+                break
             age = self._age_unless_live(text)
+            taken = (text, age) if text is not None else taken
             try:
                 self.generation = self.store.write(self._record(), generation)
             except Conflict:
                 continue
-            if text is not None:
-                log.warning(
-                    "took over %s: its previous writer (%s) stopped renewing its lease %.0f s ago",
-                    self.run_dir,
-                    Owner.parse(text) or "owner unknown",
-                    age,
-                )
-            self._thread = threading.Thread(
-                target=self._heartbeat, name="rundir-lease", daemon=True
+            break
+        else:
+            raise busy_error(self.run_dir, None, ", claimed while this trainer tried to")
+        if taken is not None:
+            log.warning(
+                "took over %s: its previous writer (%s) stopped renewing its lease %.0f s ago",
+                self.run_dir,
+                Owner.parse(taken[0]) or "owner unknown",
+                taken[1],
             )
-            self._thread.start()
-            return
-        raise busy_error(self.run_dir, None, ", claimed while this trainer tried to")
+        self._thread = threading.Thread(target=self._heartbeat, name="rundir-lease", daemon=True)
+        self._thread.start()
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.ttl_s / RENEW_EVERY):
             try:
                 self.generation = self.store.write(self._record(), self.generation)
             except Conflict:
-                text, _ = self.store.read()
+                text, generation = self.store.read()
+                if self._mine(text):  # this renewal's first attempt landed
+                    self.generation = generation
+                    continue
                 who = Owner.parse(text or "") or "owner unknown"
                 self.lost = f"another trainer ({who}) took over its lease"
                 return
@@ -309,7 +333,11 @@ class LeaseClaim:
     def release(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join()
+            # a renewal in flight to a bucket that stopped answering retries for minutes: the
+            # lease is left to expire
+            self._thread.join(timeout=self.ttl_s / RENEW_EVERY)
+            if self._thread.is_alive():
+                return
         if self.lost is None and self.generation:
             with contextlib.suppress(Exception):  # an unreleased lease just expires
                 self.store.delete(self.generation)
@@ -323,21 +351,21 @@ def _parse(text: str) -> dict:
         return {}
 
 
-def make_claim(run_dir):
-    """The claim that fits `run_dir`: a flock locally, a lease in a bucket."""
+def make_claim(run_dir, ttl_s: float = LEASE_TTL_S):
+    """The claim that fits `run_dir`: a flock locally, a lease (of `ttl_s`) in a bucket."""
     if "://" in str(run_dir):
-        return LeaseClaim(run_dir)
+        return LeaseClaim(run_dir, ttl_s=ttl_s)
     return LocalClaim(run_dir)
 
 
 @contextlib.contextmanager
-def claim(run_dir) -> Iterator:
+def claim(run_dir, ttl_s: float = LEASE_TTL_S) -> Iterator:
     """Claims `run_dir` for this run (process 0; the others learn whether it could) and releases
     it at exit. ConfigError (one line) when another trainer holds it. Yields the claim, whose
     `check()` the trainer calls every step (None on processes other than 0)."""
     held, error = None, None
     if jax.process_index() == 0:
-        held = make_claim(run_dir)
+        held = make_claim(run_dir, ttl_s)
         try:
             held.acquire()
         except ConfigError as e:
@@ -365,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m train.rundir check DIR`: one line, nothing claimed or written. Exit 0 when no
     live trainer holds DIR (free), 1 with the error line a second writer would get (held: its
     host, pid and start), 3 when DIR does not exist (a new run would create it), 2 on usage."""
+    gcs.configure()  # STORAGE_EMULATOR_HOST set: every gs:// client goes to that server
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2 or args[0] != "check":
         print(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from parity.files import UnsafeCheckpointError
 from parity.state_dict import StateDictError
-from train import families
+from train import families, gcs
 from train.cli import FamilyCommand
 from train.distributed import quiet_tpu_probe
 from train.errors import ConfigError, exit_with
@@ -37,6 +37,7 @@ COMMAND = FamilyCommand("python -m train.sample", __doc__, _add_common, lambda f
 
 
 def main(argv=None) -> list[str]:
+    gcs.configure()  # STORAGE_EMULATOR_HOST set: every gs:// client goes to that server
     quiet_tpu_probe()
     try:
         args, fam, _ = COMMAND.parse(argv, source_family)

@@ -27,7 +27,7 @@ import jax
 from etils import epath
 from omegaconf import OmegaConf, open_dict
 
-from train import families
+from train import families, gcs
 from train import jit as jit_lib
 from train.checkpoint import Checkpointer
 from train.compose import compose, load_run_config, validate
@@ -69,6 +69,7 @@ def open_source(
     `model.x=...`) for a weights file. `single_device`: the task on one device (sampling),
     whatever mesh the config names. `kinds`: the kinds the caller takes (others: SourceError;
     default every kind)."""
+    gcs.configure()  # STORAGE_EMULATOR_HOST set: every gs:// client goes to that server
     if data is not None and not epath.Path(data).exists():
         raise SourceError(f"--data {data}: no such file or directory")
     weights, loaded = _kind(path)

@@ -22,7 +22,7 @@ import numpy as np
 from etils import epath
 from omegaconf import OmegaConf
 
-from train import families, rundir
+from train import families, gcs, rundir
 from train import jit as jit_lib
 from train import mesh as mesh_lib
 from train.checkpoint import Checkpointer
@@ -53,7 +53,7 @@ def train(cfg, mesh) -> dict:
     run_dir, goodput, clock = run_dir_of(cfg), Goodput(), StepClock()
     # from the start: a signal during startup stops cleanly; the run directory is claimed
     # before anything in it is read or written
-    with Preemption() as preemption, rundir.claim(run_dir) as claim:
+    with Preemption() as preemption, rundir.claim(run_dir, cfg.run.lease_ttl_s) as claim:
         with goodput.measure("startup"):
             task, ckpt, data_iter, state, step, meta = _start(cfg, mesh, run_dir)
         stop = min(task.total_steps, cfg.trainer.max_steps or task.total_steps)
@@ -69,7 +69,9 @@ def train(cfg, mesh) -> dict:
         )
         step_fn = jit_lib.jit_train_step(task)
         config_dict = OmegaConf.to_container(cfg, resolve=True)
-        logger = MetricLogger(run_dir, cfg, cfg.run.name, config_dict, stop, task.console_metrics)
+        logger = MetricLogger(
+            run_dir, cfg, cfg.run.name, config_dict, stop, task.console_metrics, step
+        )
         loop = _Loop(cfg, task, ckpt, logger, data_iter, step, meta, goodput, preemption, claim)
         loop.profiler = StepProfiler(cfg, run_dir)
         peak = peak_flops() * mesh.devices.size
@@ -117,6 +119,8 @@ def _close(*closers) -> None:
     """Runs every closer. With an exception already in flight (a failed save, a full disk, a
     preemption) their errors are logged, not raised: the first error is the one reported."""
     failing = sys.exc_info()[1] is not None
+    if failing and gcs.unreachable(sys.exc_info()[1]):  # a bucket that stopped answering: a save
+        return  # in flight would retry its writes for minutes, and nothing more can be written
     first = None
     for close in closers:
         try:
@@ -416,7 +420,8 @@ class _Loop:
             self.ckpt.save(
                 step, state, self.data_iter, meta=meta, metrics=numeric or None, force=True
             )
-        self.logger.sync()  # metrics up to a checkpoint survive with it (gs://: one rewrite)
+        # metrics up to a checkpoint survive with it, its own step's included (gs://: one rewrite)
+        self.logger.flush()
 
 
 def _best(ckpt_cfg, best, metrics: dict):
