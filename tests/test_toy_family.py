@@ -74,11 +74,15 @@ def test_a_family_outside_train_trains_resumes_and_evaluates(tmp_path):
     assert report["metrics"] == {k: v for k, v in whole[5].items() if k.startswith("eval/")}
     assert "examples 64: accuracy" in printed, printed  # its Evaluation's table
 
-    # its own evaluation option, and its sampler's --start (GPT's sampler has one too)
-    printed = _command("train.evaluate", tmp_path / "split", "--examples", 32)
-    assert "examples 32: accuracy" in printed, printed
-    printed = _command("train.sample", tmp_path / "split", "--start", 2, "--num-samples", 3)
-    assert [line for line in printed.splitlines() if line.startswith("input 2:")] == [
+    # its own evaluation option, and its sampler's --start (GPT's sampler has one too): the
+    # commands' own main, in this process
+    from train import evaluate as evaluate_cmd
+    from train import export as export_cmd
+    from train import sample as sample_cmd
+
+    assert evaluate_cmd.main([str(tmp_path / "split"), "--examples", "32"])["examples"] == 32
+    texts = sample_cmd.main([str(tmp_path / "split"), "--start", "2", "--num-samples", "3"])
+    assert texts == [
         f"input 2:{i} -> class {c}" for i, c in enumerate(_predicted(tmp_path / "split", 2, 3))
     ]
     # without its registration (no entry point on the path): the run names its family by module
@@ -87,13 +91,13 @@ def test_a_family_outside_train_trains_resumes_and_evaluates(tmp_path):
     printed = _command("train.sample", tmp_path / "split", "--start", 2, "--num-samples", 1,
                        env=unregistered)  # fmt: skip
     assert "input 2:0 -> class" in printed, printed
-    assert "toy options" not in _command("train.sample", "--help", env=unregistered)
-    # what it has not: one line each, exit status 1
-    printed = _command("train.export", tmp_path / "split", "--out", tmp_path / "x.pt", returncode=1)
-    assert printed.strip().splitlines() == [
+    # what it has not: one line (sys.exit's message: printed, exit status 1)
+    with pytest.raises(SystemExit) as e:
+        export_cmd.main([str(tmp_path / "split"), "--out", str(tmp_path / "x.pt")])
+    assert e.value.code == (
         "error: tests.toy_family: the family writes no checkpoint in an original code base's "
         "format (Task.torch_checkpoint)"
-    ], printed
+    )
 
     # the family's files are its own: nothing in train/ names it
     named = [p for p in pathlib.Path(REPO, "train").rglob("*.py") if "toy" in p.read_text()]
@@ -136,10 +140,13 @@ def test_the_entry_point_registers_it_by_name():
 def test_commands_list_each_family_options_apart():
     """`train.sample --help` and `train.evaluate --help` list every registered family's options
     under its own name: GPT's and the toy's --start both, without a clash."""
-    printed = _command("train.sample", "--help")
+    from train import evaluate as evaluate_cmd
+    from train import sample as sample_cmd
+
+    printed = sample_cmd.COMMAND.help()  # what --help prints
     gpt, toy = printed.index("gpt options:"), printed.index("toy options:")
     assert "--start START" in printed[gpt:toy] and "--start START" in printed[toy:], printed
-    printed = _command("train.evaluate", "--help")
+    printed = evaluate_cmd.COMMAND.help()
     assert "toy options:" in printed and "--examples N" in printed, printed
 
 
