@@ -7,9 +7,12 @@ laptop; single-device code is unaffected (it runs on device 0).
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
+import shutil
 import sys
+import tempfile
 
 _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
@@ -41,6 +44,17 @@ import pytest  # noqa: E402
 # Parity tests compare against torch's exact fp32 matmuls: never let XLA pick a faster, lossier
 # algorithm (TF32 on GPU) behind our back.
 jax.config.update("jax_default_matmul_precision", "highest")
+
+# The processes the tests start (`python -m train.main` runs, killed and resumed, evaluations)
+# share their compiled programs through a persistent XLA compilation cache of this test process
+# alone: one directory per pytest process (each xdist worker), removed at its end. Set after jax
+# is imported, so it reaches the child processes (JAX reads the variables when it starts) and not
+# this one. A test that checks the cache's own behaviour clears the variables for its processes;
+# several JAX processes started together (launch.local) do not share it (tests/helpers.py).
+_XLA_CACHE = tempfile.mkdtemp(prefix="trm-tests-xla-")
+os.environ["JAX_COMPILATION_CACHE_DIR"] = _XLA_CACHE
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
 
 try:  # two xdist workers on two cores: keep torch from oversubscribing them
     import torch

@@ -158,14 +158,24 @@ def build_tiny_sudoku(dest: str) -> str:
     return dest
 
 
+# the test session's compilation cache of its child processes (tests/conftest.py)
+_CACHE_VARS = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
+
+
 def run_local(cmd: list[str], *, processes: int, cpu_devices: int, timeout: float, cwd=None):
     """`cmd` in `processes` local JAX processes of `cpu_devices` CPU devices each (launch.local,
     gloo collectives): -> [(returncode, output)] in process order; raises with every process's
     output tail when one fails or the timeout passes."""
-    status, results = run_processes(
-        cmd, processes=processes, cpu_devices=cpu_devices, platform="cpu", timeout=timeout,
-        cwd=cwd, echo=False,
-    )  # fmt: skip
+    # processes that start together compile the same programs at once: they do not share the
+    # test session's compilation cache (tests/conftest.py), whose writes are not atomic
+    saved = {k: os.environ.pop(k, None) for k in _CACHE_VARS}
+    try:
+        status, results = run_processes(
+            cmd, processes=processes, cpu_devices=cpu_devices, platform="cpu", timeout=timeout,
+            cwd=cwd, echo=False,
+        )  # fmt: skip
+    finally:
+        os.environ.update({k: v for k, v in saved.items() if v is not None})
     if status:
         tails = "\n".join(
             f"--- process {i} (rc {rc}) ---\n{out[-4000:]}" for i, (rc, out) in enumerate(results)

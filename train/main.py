@@ -86,21 +86,28 @@ def one_run(cfg):
     )
     try:
         yield
-    except (ConfigError, NonfiniteError) as e:  # NonfiniteError: trainer.on_nonfinite=stop
+    except BaseException as e:
+        log_compilation_cache_stats()  # hits / misses, before the line that says how it ended
+        _exit_in_one_line(e, cfg)
+        raise
+    log_compilation_cache_stats()
+
+
+def _exit_in_one_line(e: BaseException, cfg) -> None:
+    """Exits with the one line and status of a failure the run reports so; returns otherwise."""
+    if isinstance(e, ConfigError | NonfiniteError):  # NonfiniteError: trainer.on_nonfinite=stop
         exit_with(e)  # exit status 1, no traceback: it is the user's input (or cannot resume)
-    except Preempted as e:  # SIGTERM / SIGINT: the step reached is committed
+    if isinstance(e, Preempted):  # SIGTERM / SIGINT: the step reached is committed
         print(e, file=sys.stderr, flush=True)
         sys.exit(EXIT_PREEMPTED)
-    except (DiskFullError, OSError, ValueError) as e:  # the last committed checkpoint is intact
+    if isinstance(e, DiskFullError | OSError | ValueError):  # the last checkpoint is intact
         if not is_disk_full(e):
             gcs.exit_if_unreachable(e, run_dir_of(cfg))  # a bucket that stopped answering
-            raise
+            return
         if not isinstance(e, DiskFullError):  # a write outside the trainer's own (a data build)
             e = DiskFullError(e.filename or cfg.run.out_dir)
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(EXIT_DISK_FULL)
-    finally:
-        log_compilation_cache_stats()  # hits / misses of this process
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")
