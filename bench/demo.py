@@ -1,0 +1,133 @@
+"""`make demo` over seeds: how far its one run's figures can be trusted.
+
+    python -m bench demo [--seeds 0,1,2,3,4] [--runs bench_out/demo] [--other CSV] [--blanks 30]
+                         [--out bench/results/demo_seeds.json]
+
+For each seed, `python -m train.main +experiment=trm_sudoku_tiny run.seed=S` into
+RUNS/trm_sudoku_tiny_seedS (wandb off; a seed whose run directory already has final.json is not
+trained again), then `python -m train.evaluate`'s own function on its last checkpoint:
+- on the demo's held-out test split: exact and token accuracy, and the exact accuracy after every
+  ACT step;
+- on grids made another way (--other, default the offline sudoku-hard-test-1k): the SOLUTIONS of
+  that CSV's puzzles with --blanks cells blanked (data.sudoku_easy test_csv=, seeded), the same
+  number of blanks as the demo's grids but not its generator's grids.
+
+Writes --out: the command, machine, date and versions, every seed's figures, and the summary
+(mean, min and max over seeds) that docs/training.md ("Tiny runs"), docs/evaluation.md and the
+experiment's header quote (tests/test_figures.py checks them against this file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+from bench.machine import detect_device, loadavg, result_header
+
+EXPERIMENT = "trm_sudoku_tiny"
+OTHER = "../shared/data/sudoku/sudoku-hard-test-1k/test.csv"
+
+
+def _train(seed: int, runs: str) -> dict:
+    """Train one seed (unless its final.json exists): -> {run_dir, wall_s (the command's; None
+    when it was trained before), ...}."""
+    name = f"{EXPERIMENT}_seed{seed}"
+    run_dir = os.path.join(runs, name)
+    if os.path.exists(os.path.join(run_dir, "final.json")):
+        return {"run_dir": run_dir, "wall_s": None}  # trained before: only the trainer's wall
+    cmd = [sys.executable, "-m", "train.main", f"+experiment={EXPERIMENT}", f"run.seed={seed}",
+           f"run.name={name}", f"run.out_dir={runs}", "logging=off"]  # fmt: skip
+    load, t0 = loadavg(), time.perf_counter()
+    subprocess.run(cmd, check=True)
+    return {"run_dir": run_dir, "wall_s": time.perf_counter() - t0, "loadavg_start": load}
+
+
+def _figures(report: dict) -> dict:
+    return {
+        "count": report["count"],
+        "exact_accuracy": report["exact_accuracy"],
+        "token_accuracy": report["token_accuracy"],
+        "per_step_exact_accuracy": report["per_step"]["exact_accuracy"],
+    }
+
+
+def _spread(values: list[float]) -> dict:
+    return {"mean": sum(values) / len(values), "min": min(values), "max": max(values)}
+
+
+def summary(seeds: list[dict]) -> dict:
+    """Mean, min and max over seeds of the final exact accuracy, of each ACT step's, and on the
+    other grids."""
+    out = {"n": len(seeds)}
+    for where in ("test", "other"):
+        if all(where in s for s in seeds):
+            finals = [s[where]["exact_accuracy"] for s in seeds]
+            steps = zip(*(s[where]["per_step_exact_accuracy"] for s in seeds), strict=True)
+            out[where] = {
+                "exact_accuracy": _spread(finals),
+                "per_step_exact_accuracy": [_spread(list(v)) for v in steps],
+            }
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m bench demo", description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", default="0,1,2,3,4")
+    p.add_argument("--runs", default="bench_out/demo", help="where the seeds' runs go")
+    p.add_argument("--other", default=OTHER, help="a Sudoku CSV whose solutions are blanked")
+    p.add_argument("--blanks", type=int, default=30, help="blanks per grid of --other")
+    p.add_argument("--out", default="bench/results/demo_seeds.json")
+    a = p.parse_args(argv)
+    from data.sudoku_easy import build_easy_sudoku
+    from data.sudoku_sources import read_sudoku_csv
+    from train.distributed import quiet_tpu_probe
+    from train.evaluate import evaluate
+
+    quiet_tpu_probe()
+    header = result_header(
+        "demo", "python -m bench demo " + shlex.join(argv or sys.argv[1:]), detect_device()
+    )
+    other = os.path.join(a.runs, f"other-{a.blanks}u")
+    count = len(read_sudoku_csv(a.other))
+    build_easy_sudoku(other, train=0, test=count, blanks=a.blanks, num_aug=0, test_csv=a.other)
+    seeds = []
+    for seed in (int(s) for s in a.seeds.split(",")):
+        record = {"seed": seed, **_train(seed, a.runs)}
+        with open(os.path.join(record["run_dir"], "final.json")) as f:
+            final = json.load(f)
+        record["step"] = final["step"]
+        record["trainer_wall_s"] = final["goodput"]["wall"]  # the trainer's, from final.json
+        record["test"] = _figures(evaluate(record["run_dir"]))
+        record["other"] = _figures(evaluate(record["run_dir"], data=other))
+        print(
+            f"seed {seed}: test exact {record['test']['exact_accuracy']:.3f}, per ACT step "
+            f"{record['test']['per_step_exact_accuracy']}; other {record['other']['exact_accuracy']:.3f}",
+            flush=True,
+        )
+        seeds.append(record)
+    result = {
+        **header,
+        "experiment": EXPERIMENT,
+        "other": {
+            "csv": a.other,
+            "blanks": a.blanks,
+            "count": count,
+            "build": f"data.sudoku_easy train=0 test={count} blanks={a.blanks} num_aug=0 test_csv={a.other}",
+        },  # fmt: skip
+        "seeds": seeds,
+        "summary": summary(seeds),
+    }
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+    with open(a.out, "w") as f:
+        f.write(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result["summary"], indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
