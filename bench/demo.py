@@ -21,7 +21,9 @@ experiment's header quote (tests/test_figures.py checks them against this file).
 into DIR (which must not exist), then `make .venv/bin/.installed-base` (the venv and the base
 install from the package index: the install) and `make demo` (data, training, evaluation, with
 an empty XLA compilation cache, as on a first run), each timed on its own; the demo's output is
-kept beside --out as demo_fresh_clone.log.
+kept beside --out as demo_fresh_clone.log. pip reads its usual configuration: a machine whose pip
+config adds a local package index installs from it; `PIP_CONFIG_FILE=/dev/null
+PIP_NO_CACHE_DIR=1` makes it download everything from PyPI (these two are recorded).
 """
 
 from __future__ import annotations
@@ -102,7 +104,12 @@ def fresh_clone(clone: str, out: str) -> dict:
         demo = _timed(["make", "demo", cache], clone, log)
     with open(log_path) as f:
         demo_lines = f.read().split("=== make demo ===\n", 1)[1].count("\n")
-    return {"install": install, "demo": {**demo, "output_lines": demo_lines}, "log": log_path}
+    pip = {k: os.environ.get(k) for k in ("PIP_CONFIG_FILE", "PIP_NO_CACHE_DIR")}
+    return {
+        "install": {**install, "pip_environment": pip},
+        "demo": {**demo, "output_lines": demo_lines},
+        "log": log_path,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
