@@ -283,7 +283,7 @@ def show_boards(task, state, data: str, n: int, extra_steps: int = 0, batch: int
         )
     )
     m = task.model_cfg
-    kept, count = [], 0
+    fixed, others, count = [], [], 0  # every fixed puzzle so far, the first n others
     for i in range(len(ds)):
         rows = ds[i]
         batch_rows = {key: rows[key] for key in ("inputs", "labels", "puzzle_identifiers")}
@@ -295,9 +295,8 @@ def show_boards(task, state, data: str, n: int, extra_steps: int = 0, batch: int
             out["step_halts"][:, real], m.seq_len, m.vocab_size, real + i * size,
         )  # fmt: skip
         count += len(boards)
-        kept, _ = shown(kept + boards, len(kept) + len(boards))  # fixed first, in test order
-        fixed = sum(b.fixed_by_recursion() for b in kept)
-        kept = kept[: max(fixed, n)]  # every fixed one so far, and the first n others
-        if fixed >= n:
+        fixed += [b for b in boards if b.fixed_by_recursion()]
+        others += [b for b in boards if not b.fixed_by_recursion()][: n - len(others)]
+        if len(fixed) >= n:
             break
-    return shown(kept, n, count)
+    return shown(fixed + others, n, count)

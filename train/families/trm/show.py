@@ -2,7 +2,7 @@
 --show N`).
 
     boards = puzzle_boards(inputs_l, labels_l, step_preds_sl, step_halts_s, seq_len, vocab, rows)
-    boards, note = shown(boards, n)     # first the puzzles the recursion fixes; note: why not
+    boards, note = shown(boards, n)     # those the recursion fixes first; a note when too few
     print(render_text(boards))          # the terminal: input | step 1 | ... | step S | answer
     save_png(boards, "show.png")        # one row per puzzle, one column per board (matplotlib)
     save_gif(boards, "show.gif")        # one frame per ACT step
