@@ -249,7 +249,10 @@ def test_show_picks_the_puzzles_the_recursion_fixes():
         "none of 100 test puzzles is wrong after ACT step 1 and right after step 3; showing the first"
     )
     text = render_text([boards[2], boards[0], boards[1], boards[3]], width=400)
-    assert "test puzzle 2: wrong after ACT steps 1-2, solved at step 3 (3 steps; * = wrong cell)" in text
+    assert (
+        "test puzzle 2: wrong after ACT steps 1-2, solved at step 3 (3 steps; * = wrong cell)"
+        in text
+    )
     assert "test puzzle 0: solved at ACT step 1 (3 steps" in text
     assert "test puzzle 1: solved at ACT step 1, wrong again at step 3 (3 steps" in text
     assert "test puzzle 3: not solved (3 steps" in text
