@@ -1,8 +1,8 @@
 """`python -m bench [...]` (step-time benchmark), `python -m bench ttq [...]` (time to quality),
 `python -m bench curves [...]` (whole runs against upstream's own code), `python -m bench ttsc
 [...]` (a trained TRM's test-time scaling), `python -m bench trainer [...]` (the trainer's loop
-against its bare jitted step, same batches) and `python -m bench gpu [...]` (one GPU session's
-whole plan, time-boxed)."""
+against its bare jitted step, same batches), `python -m bench demo [...]` (`make demo` over seeds)
+and `python -m bench gpu [...]` (one GPU session's whole plan, time-boxed)."""
 
 import sys
 
@@ -25,6 +25,10 @@ def _main() -> None:
         from bench.trainer_vs_bare import main as trainer_main
 
         trainer_main(argv[1:])
+    elif argv and argv[0] == "demo":
+        from bench.demo import main as demo_main
+
+        demo_main(argv[1:])
     elif argv and argv[0] == "gpu":
         from bench.gpu import main as gpu_main
 

@@ -11,6 +11,16 @@ come from a disjoint generator stream, so test accuracy measures generalisation,
     python -m data.sudoku_easy --output-dir DIR train=200 test=100 blanks=30 num_aug=20 [unique=0]
 
 (the experiment's `data.build: sudoku_easy` + `data.build_args` call `main` the same way).
+
+`test_csv=PATH` makes the test split of grids from another source instead: the SOLUTIONS of the
+first `test` puzzles of a Sudoku CSV (columns source,question,answer,rating) with `blanks` cells
+blanked the same way (among each CSV puzzle's own blanks, so every grid keeps one solution);
+train=0 writes no train split. The demo's checkpoints evaluated on such grids
+(docs/training.md, "Tiny runs"):
+
+    python -m data.sudoku_easy --output-dir data_out/sudoku-hard-1k-30u train=0 test=1000 \
+        blanks=30 num_aug=0 test_csv=../shared/data/sudoku/sudoku-hard-test-1k/test.csv
+    python -m train.evaluate runs/trm_sudoku_tiny --data data_out/sudoku-hard-1k-30u
 """
 
 from __future__ import annotations
@@ -20,7 +30,7 @@ import sys
 import numpy as np
 
 from data.sudoku import build_sudoku
-from data.sudoku_sources import SudokuRecords, generate_records
+from data.sudoku_sources import SudokuRecords, generate_records, read_sudoku_csv
 
 
 def build_easy_sudoku(
@@ -32,32 +42,46 @@ def build_easy_sudoku(
     num_aug: int,
     seed: int = 0,
     unique: bool = True,
+    test_csv: str | None = None,
 ) -> dict:
     """`unique` (default): the blanks are drawn among the blank cells of the generator's own
     puzzle (53-60 of them, and that puzzle has one solution), so every grid keeps exactly one
     solution: the label. unique=0 draws them among all 81 cells, as the golden fixtures' small
     sets were made; with many blanks such a grid often has other solutions, which exact accuracy
-    scores as wrong (measured: 117 of 200 grids at 40 blanks, 18 of 100 at 30)."""
+    scores as wrong (measured: 117 of 200 grids at 40 blanks, 18 of 100 at 30). `test_csv`: the
+    test grids come from this CSV's first `test` puzzles instead (module docstring); train=0: no
+    train split."""
+
+    def source(n, start):
+        if start == 0 or test_csv is None:
+            return generate_records(n, seed, start=start)
+        records = read_sudoku_csv(test_csv)
+        if n > len(records):
+            raise ValueError(f"sudoku_easy: test={n} but {test_csv} has {len(records)} puzzles")
+        return records.take(np.arange(n))
 
     def easy(n, start, stream):
-        records = generate_records(n, seed, start=start)
+        records = source(n, start)
         solved = records.answers
         rng = np.random.default_rng((seed, stream))
         questions = solved.copy()
         for row, puzzle in zip(questions, records.questions, strict=True):
             cells = np.flatnonzero(puzzle == 0) if unique else np.arange(81)
             if blanks > cells.size:
+                generated = start == 0 or test_csv is None
+                what = "generated puzzle" if generated else f"puzzle of {test_csv}"
+                most = 53 if generated else cells.size
                 raise ValueError(
-                    f"sudoku_easy: blanks={blanks} but a generated puzzle has only {cells.size} "
-                    "blank cells to keep its solution unique; use blanks <= 53 or unique=0"
+                    f"sudoku_easy: blanks={blanks} but a {what} has only {cells.size} blank cells "
+                    f"to keep its solution unique; use blanks <= {most} or unique=0"
                 )
             row[rng.choice(cells, size=blanks, replace=False)] = 0
-        origin = f"easy(blanks={blanks}, unique={int(bool(unique))})"
+        origin = f"easy(blanks={blanks}, unique={int(bool(unique))}, from={records.origin})"
         return SudokuRecords(questions, solved, np.zeros(n), origin=origin)
 
     return build_sudoku(
         output_dir,
-        easy(train, 0, 0),
+        easy(train, 0, 0) if train else None,
         easy(test, 1 << 20, 1),
         num_aug=num_aug,
         seed=seed,
@@ -74,9 +98,12 @@ def main(argv: list[str]) -> dict:
             out = next(it)
         else:
             k, v = a.split("=", 1)
-            kw[k] = int(v)
+            kw[k] = v if k == "test_csv" else int(v)
     return build_easy_sudoku(out, **kw)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except (ValueError, TypeError, OSError) as e:  # a bad or unknown key, a missing or bad CSV
+        raise SystemExit(f"error: {e}") from None

@@ -358,3 +358,29 @@ def test_sudoku_easy_keeps_one_solution_unless_told_otherwise(tmp_path):
     assert max(counts(tmp_path / "a")) == 2
     with pytest.raises(ValueError, match="blanks=61 but a generated puzzle has only"):
         build_easy_sudoku(str(tmp_path / "x"), blanks=61, **kw)
+
+
+def test_sudoku_easy_test_grids_from_a_csv(tmp_path, generated):
+    """test_csv=PATH: the test split is the CSV's first `test` SOLUTIONS with `blanks` cells
+    blanked among each CSV puzzle's own blanks (one solution each), seeded; train=0 writes no
+    train split; more puzzles than the CSV has is one line naming it."""
+    from data import sudoku_easy
+
+    puzzles, solutions, ratings = generated
+    csv = tmp_path / "hard.csv"
+    _write_csv(csv, puzzles, solutions, ratings)
+    argv = ["train=0", "test=5", "blanks=30", "num_aug=0", f"test_csv={csv}"]
+    sudoku_easy.main(["--output-dir", str(tmp_path / "a"), *argv])
+    sudoku_easy.main(["--output-dir", str(tmp_path / "b"), *argv])
+    assert not os.path.exists(tmp_path / "a" / "train")
+    test = load_split(tmp_path / "a", "test", raw=True).all
+    q, labels = test.inputs.astype(np.int64) - 1, test.labels.astype(np.int64) - 1
+    np.testing.assert_array_equal(labels, solutions[:5])
+    assert ((q == 0).sum(1) == 30).all()
+    assert ((q == 0) <= (puzzles[:5] == 0)).all()  # blanks only where the CSV puzzle has them
+    np.testing.assert_array_equal(q[q > 0], labels[q > 0])
+    assert [count_solutions(list(map(int, row)), limit=2) for row in q] == [1] * 5
+    again = tmp_path / "b" / "test" / "all__inputs.npy"
+    assert (tmp_path / "a" / "test" / "all__inputs.npy").read_bytes() == again.read_bytes()
+    with pytest.raises(ValueError, match=f"test=13 but {csv} has 12 puzzles"):
+        sudoku_easy.main(["--output-dir", str(tmp_path / "c"), *argv[:1], "test=13", *argv[2:]])

@@ -20,6 +20,7 @@ from tests.helpers import build_tiny_sudoku, tiny_trm_overrides
 from train.compose import load_config
 from train.errors import ConfigError
 from train.evaluate import evaluate, main
+from train.families.trm.show import Board, render_text, shown
 from train.families.trm.weights import upstream_overrides
 from train.mesh import make_mesh
 from train.metrics import read_jsonl
@@ -195,18 +196,66 @@ def test_halt_scores_each_row_where_the_q_head_halts(run, exported, tmp_path):
 
 @pytest.mark.slow
 def test_show_prints_the_boards_of_every_step(run, capsys):
+    """--show 2 on a barely trained run: two test puzzles with their input and answer, every ACT
+    step's board, the wrong cells marked; the recursion fixes none of them, which one line says
+    before the first two are shown."""
     run_dir, data, _ = run
     main([run_dir, "--show", "2"])
     out = capsys.readouterr().out
+    assert "none of 16 test puzzles is wrong after ACT step 1 and right after step 4" in out
     split = load_split(data, "test").sets["all"]
     for i in range(2):
-        assert f"puzzle {i}: " in out
+        assert f"test puzzle {i}: " in out
         first_row = " ".join("." if t == 1 else str(t - 1) for t in split.inputs[i][:9])
         answer_row = " ".join(str(t - 1) for t in split.labels[i][:9])
         assert first_row in out and answer_row in out
-    boards = out[out.index("puzzle 0: ") :]
+    boards = out[out.index("test puzzle 0: ") :]
     assert boards.count("step 4") == 2 and "step 5" not in boards  # halt_max_steps boards each
     assert "*" in out  # a tiny run gets cells wrong, and they are marked
+
+
+def _board(row: int, wrong_after: list[bool]) -> Board:
+    """A Sudoku board of test row `row` whose prediction is wrong (one cell) after the steps
+    where `wrong_after` says so."""
+    answer = np.tile(np.arange(2, 11), 9).reshape(9, 9)
+    steps = []
+    for wrong in wrong_after:
+        pred = answer.copy()
+        pred[0, 0] = 1 if wrong else pred[0, 0]
+        steps.append(pred)
+    return Board("sudoku", answer, answer, steps, [False] * len(steps), row)
+
+
+def test_show_picks_the_puzzles_the_recursion_fixes():
+    """--show N's choice (show.shown): first the puzzles wrong after ACT step 1 and right after
+    the last, in test order, then the first others; fewer than N such puzzles: one line says
+    so. The text names each puzzle's test row and what the recursion did to it."""
+    right, fixed, broken = [False] * 3, [True, True, False], [False, False, True]
+    boards = [
+        _board(0, right), _board(1, broken), _board(2, fixed), _board(3, [True] * 3),
+        _board(4, fixed),
+    ]  # fmt: skip
+    chosen, note = shown(boards, 1)
+    assert [b.row for b in chosen] == [2] and note is None
+    chosen, note = shown(boards, 3)
+    assert [b.row for b in chosen] == [2, 4, 0]
+    assert note == (
+        "only 2 of 5 test puzzles are wrong after ACT step 1 and right after step 3; shown first, "
+        "then the first others"
+    )
+    chosen, note = shown([b for b in boards if not b.fixed_by_recursion()], 1, count=100)
+    assert [b.row for b in chosen] == [0]
+    assert note == (
+        "none of 100 test puzzles is wrong after ACT step 1 and right after step 3; showing the first"
+    )
+    text = render_text([boards[2], boards[0], boards[1], boards[3]], width=400)
+    assert (
+        "test puzzle 2: wrong after ACT steps 1-2, solved at step 3 (3 steps; * = wrong cell)"
+        in text
+    )
+    assert "test puzzle 0: solved at ACT step 1 (3 steps" in text
+    assert "test puzzle 1: solved at ACT step 1, wrong again at step 3 (3 steps" in text
+    assert "test puzzle 3: not solved (3 steps" in text
 
 
 @pytest.mark.slow

@@ -38,6 +38,7 @@ from train.families.trm.show import (
     save_accuracy_plot,
     save_gif,
     save_png,
+    shown,
 )
 from train.mesh import check_batch_divisible
 from train.task import Evaluation
@@ -114,7 +115,10 @@ class TRMEvaluation(Evaluation):
         return lines
 
     def finish(self, report: dict, options: dict) -> None:
-        boards = report.pop("show", None)
+        boards, note = report.pop("show", None) or ([], None)
+        if note:
+            print()
+            print(note)
         if boards:
             print()
             print(render_text(boards))
@@ -262,25 +266,37 @@ def evaluate_trm(task, state, data: str, *, trained_on=None, extra_steps=0, halt
             out[k] = float(v)
             out[k.split("/")[-1]] = float(v)
     if show:
-        out["show"] = show_boards(task, state, data, show, extra_steps)
+        out["show"] = show_boards(task, state, data, show, extra_steps, batch)
     return out
 
 
-def show_boards(task, state, data: str, n: int, extra_steps: int = 0):
-    """Boards of the first `n` test puzzles with the prediction after every ACT step."""
-    ds = PuzzleTestDataset(data, global_batch_size=max(n, 1), process_index=0, process_count=1)
-    rows = ds[0]
-    k = int(rows["mask"].sum())
-    batch = {key: rows[key][:k] for key in ("inputs", "labels", "puzzle_identifiers")}
+def show_boards(task, state, data: str, n: int, extra_steps: int = 0, batch: int | None = None):
+    """-> (boards, note) of `n` test puzzles with the prediction after every ACT step, chosen by
+    show.shown: first the puzzles the recursion fixes (wrong after ACT step 1, right after the
+    last), then the first others. The test split is traced in evaluation batches until `n` fixed
+    puzzles are found (the whole split when there are fewer)."""
+    size = max(n, batch or task.data_cfg.eval_batch_size or task.batch)
+    ds = PuzzleTestDataset(data, global_batch_size=size, process_index=0, process_count=1)
     fn = jax.jit(
         functools.partial(
             eval_step, task.graphdef, config=task.optim, extra_steps=extra_steps, trace=True
         )
     )
-    with jax.set_mesh(task.mesh):
-        out = jax.device_get(fn(state["train"], batch))
     m = task.model_cfg
-    return puzzle_boards(
-        batch["inputs"], batch["labels"], out["step_preds"], out["step_halts"],
-        m.seq_len, m.vocab_size,
-    )  # fmt: skip
+    fixed, others, count = [], [], 0  # every fixed puzzle so far, the first n others
+    for i in range(len(ds)):
+        rows = ds[i]
+        batch_rows = {key: rows[key] for key in ("inputs", "labels", "puzzle_identifiers")}
+        with jax.set_mesh(task.mesh):
+            out = jax.device_get(fn(state["train"], batch_rows))
+        real = np.flatnonzero(rows["mask"])
+        boards = puzzle_boards(
+            rows["inputs"][real], rows["labels"][real], out["step_preds"][:, real],
+            out["step_halts"][:, real], m.seq_len, m.vocab_size, real + i * size,
+        )  # fmt: skip
+        count += len(boards)
+        fixed += [b for b in boards if b.fixed_by_recursion()]
+        others += [b for b in boards if not b.fixed_by_recursion()][: n - len(others)]
+        if len(fixed) >= n:
+            break
+    return shown(fixed + others, n, count)

@@ -1,7 +1,8 @@
 """Puzzles as boards: the answer being refined ACT step by ACT step (`python -m train.evaluate
 --show N`).
 
-    boards = puzzle_boards(inputs_l, labels_l, step_preds_sl, step_halts_s, seq_len, vocab)
+    boards = puzzle_boards(inputs_l, labels_l, step_preds_sl, step_halts_s, seq_len, vocab, rows)
+    boards, note = shown(boards, n)     # those the recursion fixes first; a note when too few
     print(render_text(boards))          # the terminal: input | step 1 | ... | step S | answer
     save_png(boards, "show.png")        # one row per puzzle, one column per board (matplotlib)
     save_gif(boards, "show.gif")        # one frame per ACT step
@@ -38,6 +39,7 @@ class Board:
     answer: np.ndarray  # [h, w] tokens (IGNORE where unlabelled)
     steps: list[np.ndarray]  # [h, w] tokens per ACT step
     halts: list[bool]  # the Q head's halting decision after each step
+    row: int = 0  # the puzzle's row in the test split
 
     def wrong(self, s: int) -> np.ndarray:
         return (self.answer != IGNORE) & (self.steps[s] != self.answer)
@@ -48,6 +50,21 @@ class Board:
             if not self.wrong(s).any():
                 return s + 1
         return None
+
+    def fixed_by_recursion(self) -> bool:
+        """Wrong after the first ACT step and entirely right after the last."""
+        return bool(self.wrong(0).any()) and not self.wrong(len(self.steps) - 1).any()
+
+    def status(self) -> str:
+        solved, last = self.solved_at(), len(self.steps)
+        if solved is None:
+            return "not solved"
+        if self.wrong(last - 1).any():
+            return f"solved at ACT step {solved}, wrong again at step {last}"
+        if solved == 1:
+            return "solved at ACT step 1"
+        before = "step 1" if solved == 2 else f"steps 1-{solved - 1}"
+        return f"wrong after ACT {before}, solved at step {solved}"
 
 
 def board_kind(seq_len: int, vocab_size: int) -> str:
@@ -62,8 +79,9 @@ def board_kind(seq_len: int, vocab_size: int) -> str:
     return "grid"
 
 
-def puzzle_boards(inputs, labels, step_preds, step_halts, seq_len: int, vocab_size: int):
-    """Boards of N puzzles: inputs/labels [N, L], step_preds [S, N, L], step_halts [S, N]."""
+def puzzle_boards(inputs, labels, step_preds, step_halts, seq_len: int, vocab_size: int, rows=None):
+    """Boards of N puzzles: inputs/labels [N, L], step_preds [S, N, L], step_halts [S, N];
+    `rows` [N] their rows in the test split (default 0..N-1)."""
     kind = board_kind(seq_len, vocab_size)
     side = math.isqrt(seq_len)
     inputs = np.asarray(inputs).reshape(-1, side, side)
@@ -84,9 +102,34 @@ def puzzle_boards(inputs, labels, step_preds, step_halts, seq_len: int, vocab_si
                 labels[i][:h, :w],
                 [p[i][:h, :w] for p in preds],
                 [bool(x) for x in halts[:, i]],
+                i if rows is None else int(rows[i]),
             )
         )
     return boards
+
+
+def shown(boards: list[Board], n: int, count: int | None = None) -> tuple[list[Board], str | None]:
+    """The `n` boards `--show n` draws: the puzzles the recursion fixes (wrong after ACT step 1,
+    right after the last step) in test order, then the first others; and one line saying so when
+    fewer than `n` are fixed (None otherwise). `count`: how many puzzles were looked at (default
+    len(boards); a caller may pass only the fixed ones and the first `n` others)."""
+    fixed = [b for b in boards if b.fixed_by_recursion()]
+    others = [b for b in boards if not b.fixed_by_recursion()]
+    note = None
+    if len(fixed) < n and boards:
+        count = len(boards) if count is None else count
+        last = len(boards[0].steps)
+        if fixed:
+            note = (
+                f"only {len(fixed)} of {count} test puzzles are wrong after ACT step 1 and right "
+                f"after step {last}; shown first, then the first others"
+            )
+        else:
+            note = (
+                f"none of {count} test puzzles is wrong after ACT step 1 and right after step "
+                f"{last}; showing the first"
+            )
+    return fixed[:n] + others[: max(n - len(fixed), 0)], note
 
 
 def _cell(kind: str, tok: int) -> str:
@@ -122,10 +165,8 @@ def render_text(boards: list[Board], width: int | None = None) -> str:
     `*` marks a wrong cell, `(halt)` the steps where the Q head says halt."""
     width = width or shutil.get_terminal_size((120, 24)).columns
     out = []
-    for i, b in enumerate(boards):
-        solved = b.solved_at()
-        status = f"solved at ACT step {solved}" if solved else "not solved"
-        out.append(f"puzzle {i}: {status} ({len(b.steps)} steps; * = wrong cell)")
+    for b in boards:
+        out.append(f"test puzzle {b.row}: {b.status()} ({len(b.steps)} steps; * = wrong cell)")
         panels = [_titled("input", _grid_lines(b.kind, b.inputs))]
         for s in range(len(b.steps)):
             title = f"step {s + 1}" + (" (halt)" if b.halts[s] else "")
