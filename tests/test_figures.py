@@ -142,6 +142,7 @@ def test_demo_figures_are_the_demo_seeds():
     for where, text, arrow in (
         ("docs/training.md", row, ", "),
         ("configs/experiment/trm_sudoku_tiny.yaml", header, " -> "),
+        ("README.md", _readme_row("trm_sudoku_tiny"), " → "),
     ):
         assert final in text, f"{where} should state {final}: {text}"
         assert arrow.join(steps) in text, f"{where} should state {arrow.join(steps)}: {text}"
@@ -164,8 +165,8 @@ def test_demo_time_is_the_fresh_clone():
     with open(os.path.join(REPO, "bench", "results", "demo_fresh_clone.json")) as f:
         r = json.load(f)
     install, demo = round(r["install"]["wall_s"]), round(r["demo"]["wall_s"])
-    row = _tiny_row("trm_sudoku_tiny")
-    assert f"install {install} s" in row and f"then the demo {demo} s" in row, row
+    for row in (_tiny_row("trm_sudoku_tiny"), _readme_row("trm_sudoku_tiny")):
+        assert f"install {install} s" in row and f"then the demo {demo} s" in row, row
 
 
 def test_gpt_tiny_figures_are_the_tiny_runs_table():
