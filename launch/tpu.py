@@ -260,9 +260,10 @@ def setup_script(
         ]
     lines += [
         f"[ -x {REMOTE_VENV}/bin/python ] || uv venv --quiet --python {q(python_version)} {REMOTE_VENV}",
-        # gcsfs: the gs:// backend of etils.epath, which Orbax uses for checkpoint metadata.
+        # the gcs extra: gcsfs (the gs:// backend of etils.epath, which Orbax uses for checkpoint
+        # metadata) and google-cloud-storage (the run directory's lease)
         f"uv pip install --quiet --python {REMOTE_VENV}/bin/python "
-        f"{q(f'jax[tpu]=={jax_version}')} gcsfs -e {REMOTE_DIR}",
+        f"{q(f'jax[tpu]=={jax_version}')} -e {q(f'{REMOTE_DIR}[gcs]')}",
         f"{REMOTE_VENV}/bin/python -c "
         + q(
             'import jax, libtpu, socket; print("jax", jax.__version__, "on", socket.gethostname())'
