@@ -162,6 +162,12 @@ def build_tiny_sudoku(dest: str) -> str:
 _CACHE_VARS = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
 
 
+def without_session_cache(env=None) -> dict:
+    """`env` (default this process's) without the test session's compilation cache: for a child
+    process whose test checks the cache's own behaviour, or every line it prints."""
+    return {k: v for k, v in (os.environ if env is None else env).items() if k not in _CACHE_VARS}
+
+
 def run_local(cmd: list[str], *, processes: int, cpu_devices: int, timeout: float, cwd=None):
     """`cmd` in `processes` local JAX processes of `cpu_devices` CPU devices each (launch.local,
     gloo collectives): -> [(returncode, output)] in process order; raises with every process's

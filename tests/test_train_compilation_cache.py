@@ -21,6 +21,7 @@ from tests.helpers import (
     compilation_cache_counts,
     losses,
     tiny_trm_overrides,
+    without_session_cache,
 )
 from train.compilation_cache import DEFAULT_DIR, resolve_dir
 from train.compose import load_config
@@ -49,7 +50,8 @@ def test_second_process_loads_every_program_from_the_cache_and_trains_the_same(t
         cmd = [sys.executable, "-m", "train.main"]
         cmd += tiny_trm_overrides(data, out, name, epochs=1, cache_dir=cache)
         cmd += ["run.compilation_cache_min_compile_secs=0"]  # 1 epoch = 2 steps, then eval
-        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
+                              env=without_session_cache())  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         assert f"XLA compilation cache: {cache} " in done.stderr, done.stderr[-2000:]
         return compilation_cache_counts(done.stderr)

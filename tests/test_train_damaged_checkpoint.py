@@ -14,7 +14,13 @@ import jax
 import pytest
 
 from parity.compare import EXACT, assert_close
-from tests.helpers import REPO, build_tiny_text, losses, tiny_gpt_overrides
+from tests.helpers import (
+    REPO,
+    build_tiny_text,
+    losses,
+    tiny_gpt_overrides,
+    without_session_cache,
+)
 from train.compose import load_config
 from train.errors import ConfigError
 from train.mesh import make_mesh
@@ -179,7 +185,7 @@ def test_no_checkpoint_restores_prints_nothing_after_its_error(text_dir, tmp_pat
     args, ckpts = _first_run(text_dir, str(tmp_path))
     for step in ("3", "6"):
         _damage(_target(os.path.join(ckpts, step), "ocdbt-data"), "zero")
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env = dict(without_session_cache(), JAX_PLATFORMS="cpu")  # its every line is counted
     run = [sys.executable, "-c", _AFTER_THE_ERROR, json.dumps(args)]
     proc = subprocess.run(run, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr

@@ -97,10 +97,15 @@ def exit_if_unreachable(e: BaseException, run_dir) -> None:
         return
     from train.errors import one_line
 
+    logging.shutdown()  # every log line out before the last one
     print(
         f"error: cannot reach the bucket of {run_dir} ({one_line(e, limit=300)}); the checkpoints "
         "committed before are kept. Run the same command again once it answers",
         file=sys.stderr,
         flush=True,
     )
-    sys.exit(EXIT_UNREACHABLE)
+    sys.stdout.flush()
+    # Nothing more can be written to the bucket. The interpreter's teardown would wait on the
+    # gs:// clients' background reads and writes (retrying for minutes) and print their errors
+    # after this line: exit now.
+    os._exit(EXIT_UNREACHABLE)
