@@ -111,6 +111,17 @@ def _build_isolation_flags() -> list[str]:
     return ["--no-build-isolation"] if (major, minor) >= (77, 0) else []
 
 
+def _pip_install(python, what: pathlib.Path, cwd: pathlib.Path) -> None:
+    """`pip install` of the project at `what` (non-editable, no dependencies) into `python`'s venv."""
+    install = _run(
+        python,
+        ["-m", "pip", "install", "-q", "--no-deps", "--ignore-installed",
+         *_build_isolation_flags(), str(what)],
+        cwd, _env(),
+    )  # fmt: skip
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+
+
 def test_diff_with_the_project_installed_non_editable(tmp_path):
     src = tmp_path / "src"
     for pkg in PACKAGES:
@@ -118,13 +129,7 @@ def test_diff_with_the_project_installed_non_editable(tmp_path):
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, src / name)
     python = _venv_seeing_this_environment(tmp_path)
-    install = _run(
-        python,
-        ["-m", "pip", "install", "-q", "--no-deps", "--ignore-installed",
-         *_build_isolation_flags(), str(src)],
-        tmp_path, _env(),
-    )  # fmt: skip
-    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    _pip_install(python, src, tmp_path)
     shutil.rmtree(src)  # nothing of the source tree is left to import from
 
     user = _user_project(tmp_path)
@@ -156,13 +161,7 @@ def test_diff_with_the_toolkit_installed_alone_beside_an_installed_models_packag
     )
     python = _venv_seeing_this_environment(tmp_path)
     for what in (src / "toolkit", user):
-        install = _run(
-            python,
-            ["-m", "pip", "install", "-q", "--no-deps", "--ignore-installed",
-             *_build_isolation_flags(), str(what)],
-            tmp_path, _env(),
-        )  # fmt: skip
-        assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+        _pip_install(python, what, tmp_path)
     shutil.rmtree(src)
     shutil.rmtree(user)  # both are importable from site-packages only
 
