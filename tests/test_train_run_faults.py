@@ -439,7 +439,13 @@ def test_two_trainers_on_one_run_directory(text_dir, tmp_path):
     deadline = time.monotonic() + 300
     while not logged_steps(run_dir) and time.monotonic() < deadline:
         time.sleep(0.05)
-    second = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    # The first is paused while the second starts: with warm compilation caches it could otherwise
+    # finish its 60 steps before the second is up, and the second would find a free directory.
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        second = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
     first_out = first.communicate(timeout=600)[0].decode()
     assert first.returncode == 0, first_out[-3000:]
     assert second.returncode == 1
