@@ -172,7 +172,7 @@ def upstream_trm_overrides(cfg: dict) -> list[str]:
         return str(x).lower() if isinstance(x, bool) else str(x)
 
     out = [f"arch.{k}={v(m[k])}" for k in TRM_ARCH_KEYS]
-    out.append(f"arch.loss.loss_type={o['loss_type']}")
+    out.append(f"arch.loss.loss_type={m['loss_type']}")
     out += [f"{k}={v(o[k])}" for k in TRM_OPTIM_KEYS]
     out += [
         f"global_batch_size={t['global_batch_size']}",

@@ -382,12 +382,12 @@ def test_aot_compiles_for_other_32_chip_slices(tmp_path, topology):
 
 @pytest.mark.tpu_aot
 def test_aot_refuses_a_float64_loss_on_a_tpu_in_one_line():
-    proc = _run_aot("+experiment=trm_sudoku", "mesh=v4-64", "optim.loss_dtype=float64")
+    proc = _run_aot("+experiment=trm_sudoku", "mesh=v4-64", "model.loss_dtype=float64")
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()  # refused before libtpu loads: nothing else printed
     assert len(lines) == 1, proc.stderr[-3000:]
-    assert lines[0].startswith("train.aot: optim.loss_dtype=float64")
-    assert "set optim.loss_dtype=float32" in lines[0]
+    assert lines[0].startswith("train.aot: model.loss_dtype=float64")
+    assert "set model.loss_dtype=float32" in lines[0]
 
 
 # What XLA:TPU's cost analysis does with a loop, a conditional and a 64-bit value, on small
@@ -504,7 +504,7 @@ from train.families import family
 from train.jit import build_train_step
 
 devices = aot.topology_devices("v4-64")
-cfg = load_config(["+experiment=trm_sudoku", "mesh=v4-64", "optim.loss_dtype=float64"])
+cfg = load_config(["+experiment=trm_sudoku", "mesh=v4-64", "model.loss_dtype=float64"])
 jax.config.update("jax_enable_x64", True)
 mesh = mesh_lib.make_mesh(cfg.mesh, devices=devices)
 task = family(cfg.task).task(cfg, mesh, need_data=False)  # make_task would refuse: check_backend

@@ -274,7 +274,7 @@ def test_trm_bench_batches_are_the_data_sets(tmp_path):
     batch, source = runners.make_batch(tiny, 0)
     assert source.startswith(f"train split of {data}"), source
     cfg = load_config(["+experiment=trm_sudoku_tiny", f"data.path={data}", "run.seed=0",
-                       "optim.loss_dtype=float32"])  # fmt: skip
+                       "model.loss_dtype=float32"])  # fmt: skip
     first = next(make_task(cfg, make_mesh(cfg.mesh)).train_iterator())
     assert set(first) == set(batch)
     for k, v in first.items():

@@ -59,7 +59,7 @@ def test_upstream_trm_overrides_carry_our_settings_into_upstreams_schema():
         "halt_max_steps",
         "mlp_t",
     } <= read_back
-    assert back["optim.loss_type"] == cfg["optim"]["loss_type"]
+    assert back["model.loss_type"] == cfg["model"]["loss_type"]
     assert int(back["trainer.global_batch_size"]) == cfg["trainer"]["global_batch_size"]
     assert yaml.safe_load(back["optim.ema"]) == cfg["optim"]["ema"]
 

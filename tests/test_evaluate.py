@@ -26,7 +26,7 @@ from train.mesh import make_mesh
 from train.metrics import read_jsonl
 from train.trainer import train
 
-FLOAT32_LOSS = ["optim.loss_dtype=float32"]  # no process-wide x64 switch in this worker
+FLOAT32_LOSS = ["model.loss_dtype=float32"]  # no process-wide x64 switch in this worker
 
 
 @pytest.fixture(scope="module")

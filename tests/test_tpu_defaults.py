@@ -44,14 +44,14 @@ def test_mesh_v4_64_gives_the_recommended_settings_that_a_tpu_accepts(experiment
     assert cfg.mesh.param_sharding == "replicate"
     check_backend(cfg, "tpu")  # raises ConfigError for a float64 loss
     if cfg.task == "trm":
-        assert cfg.optim.loss_dtype == "float32"
+        assert cfg.model.loss_dtype == "float32"
 
 
 @pytest.mark.parametrize("mesh", ["cpu", "gpu"])
 @pytest.mark.parametrize("experiment", TRM_EXPERIMENTS)
 def test_other_meshes_keep_upstreams_float64_loss(experiment, mesh):
     cfg = load_config([f"+experiment={experiment}", f"mesh={mesh}"])
-    assert cfg.optim.loss_dtype == "float64"
+    assert cfg.model.loss_dtype == "float64"
     check_backend(cfg, "gpu")  # GPUs and CPUs have float64
     check_backend(cfg, "cpu")
 
@@ -64,19 +64,19 @@ def test_the_experiments_own_values_and_the_command_line_still_win():
             "+experiment=trm_sudoku",
             "mesh=v4-64",
             "mesh.param_sharding=fsdp",
-            "optim.loss_dtype=float64",
+            "model.loss_dtype=float64",
             "optim.lr=3e-4",
         ]
     )
-    assert cfg.mesh.param_sharding == "fsdp" and cfg.optim.loss_dtype == "float64"
+    assert cfg.mesh.param_sharding == "fsdp" and cfg.model.loss_dtype == "float64"
     assert cfg.optim.lr == 3e-4
     # everything else of the experiment is untouched by mesh=v4-64
     plain = load_config(["+experiment=trm_sudoku"])
     tpu = load_config(["+experiment=trm_sudoku", "mesh=v4-64"])
-    assert {k: v for k, v in tpu.optim.items() if k != "loss_dtype"} == {
-        k: v for k, v in plain.optim.items() if k != "loss_dtype"
+    assert {k: v for k, v in tpu.model.items() if k != "loss_dtype"} == {
+        k: v for k, v in plain.model.items() if k != "loss_dtype"
     }
-    assert tpu.model == plain.model and tpu.trainer == plain.trainer
+    assert tpu.optim == plain.optim and tpu.trainer == plain.trainer
 
 
 def test_a_float64_loss_on_a_tpu_is_refused_in_one_line():
@@ -85,8 +85,8 @@ def test_a_float64_loss_on_a_tpu_is_refused_in_one_line():
         check_backend(cfg, "tpu")
     message = str(e.value)
     assert "\n" not in message
-    assert message.startswith("optim.loss_dtype=float64")
-    assert "set optim.loss_dtype=float32" in message
+    assert message.startswith("model.loss_dtype=float64")
+    assert "set model.loss_dtype=float32" in message
 
 
 def test_gpt_runs_pass_the_backend_check_everywhere():

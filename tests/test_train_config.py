@@ -166,7 +166,7 @@ def test_x64_is_needed_only_for_trm_with_the_float64_loss():
         return family(cfg.task).task.needs_x64(cfg)
 
     assert needs_x64(load_config(["+experiment=trm_sudoku_tiny"]))  # upstream's default loss
-    assert not needs_x64(load_config(["+experiment=trm_sudoku_tiny", "optim.loss_dtype=float32"]))
+    assert not needs_x64(load_config(["+experiment=trm_sudoku_tiny", "model.loss_dtype=float32"]))
     assert not needs_x64(load_config(["+experiment=gpt_shakespeare_char_tiny"]))
 
 

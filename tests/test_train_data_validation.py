@@ -78,7 +78,7 @@ def _trm_fails_before_step_1(data_dir, out) -> str:
 
     # float32 loss: train() would otherwise switch jax x64 on for this whole test process
     return _run_fails_before_step_1(
-        out, tiny_trm_overrides(data_dir, out, "r") + ["optim.loss_dtype=float32"]
+        out, tiny_trm_overrides(data_dir, out, "r") + ["model.loss_dtype=float32"]
     )
 
 

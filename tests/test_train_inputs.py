@@ -79,6 +79,8 @@ _TRM_BAD = [
     ("+optim.lr_warmup=3", "did you mean 'lr_warmup_steps'?"),
     ("trainer.eval_intervl=1", "'eval_intervl' -> did you mean 'eval_interval'?"),
     ("data.evaluator=arcc", "data.evaluator='arcc': expected '' or 'arc'"),
+    ("+optim.loss_dtype=float32", "optim.loss_dtype: the loss's settings are model.loss_type and"),
+    ("+optim.total_steps=9", "optim: unknown key(s) ['total_steps']"),
 ]
 _GPT_BAD = [
     ("optim.learning_rate=fast", "optim.learning_rate='fast': expected float"),
@@ -356,7 +358,7 @@ def test_trm_run_ended_by_its_data_rerun_keeps_final_json(sudoku_dir, tmp_path, 
     so only the loop finds that no batch is left. The rerun says it is finished and keeps
     final.json."""
     out = str(tmp_path / "runs")
-    overrides = tiny_trm_overrides(sudoku_dir, out, "r") + ["optim.loss_dtype=float32"]
+    overrides = tiny_trm_overrides(sudoku_dir, out, "r") + ["model.loss_dtype=float32"]
     cfg = load_config(overrides)
     mesh = make_mesh(cfg.mesh, devices=jax.devices()[:1])
     first = train(cfg, mesh)

@@ -136,7 +136,7 @@ def _family_cfg(family, data_dir, out, mode):
     if family == "gpt":
         overrides = tiny_gpt_overrides(data_dir, out, "unit")
     else:
-        overrides = tiny_trm_overrides(data_dir, out, "unit") + ["optim.loss_dtype=float32"]
+        overrides = tiny_trm_overrides(data_dir, out, "unit") + ["model.loss_dtype=float32"]
     return load_config(overrides + [f"trainer.on_nonfinite={mode}"])
 
 
@@ -263,7 +263,7 @@ def test_trm_skip_keeps_the_carry_and_ema_finite(tmp_path):
     skip: the run finishes, every kept checkpoint is finite, the evaluation (EMA weights) too."""
     data = build_tiny_sudoku(str(tmp_path / "sudoku"))
     overrides = tiny_trm_overrides(data, str(tmp_path), "trm", epochs=6) + [
-        "optim.loss_dtype=float32",
+        "model.loss_dtype=float32",
         "optim.lr=1e6",
         "checkpoint.interval=1",
         "trainer.on_nonfinite=skip",

@@ -42,7 +42,7 @@ def test_trm_same_losses_on_1_and_8_devices(sudoku_dir, tmp_path):
     does not switch jax to x64 for every other test)."""
     out = str(tmp_path)
     for name, n in (("one", 1), ("eight", 8)):
-        cfg = load_config(tiny_trm_overrides(sudoku_dir, out, name) + ["optim.loss_dtype=float32"])
+        cfg = load_config(tiny_trm_overrides(sudoku_dir, out, name) + ["model.loss_dtype=float32"])
         train(cfg, make_mesh(cfg.mesh, devices=jax.devices()[:n]))
     one, eight = _curve(os.path.join(out, "one")), _curve(os.path.join(out, "eight"))
     # 40 groups x 2 epochs / 16 = 5 scheduled steps; each 1-epoch iteration drops its partial batch
@@ -129,7 +129,7 @@ def test_trm_export_to_upstream_and_import_back(sudoku_dir, tmp_path):
     from train.source import open_source
 
     out = str(tmp_path)
-    over = ["optim.loss_dtype=float32"]
+    over = ["model.loss_dtype=float32"]
     cfg = load_config(tiny_trm_overrides(sudoku_dir, out, "src") + over)
     train(cfg, make_mesh(cfg.mesh, devices=jax.devices()[:1]))
     path = export(os.path.join(out, "src"), os.path.join(out, "step_4"))
@@ -159,7 +159,7 @@ def test_resume_with_another_batch_size_is_refused_clearly(sudoku_dir, tmp_path)
     from train.errors import ConfigError
 
     out = str(tmp_path)
-    over = ["optim.loss_dtype=float32", "trainer.max_steps=1"]
+    over = ["model.loss_dtype=float32", "trainer.max_steps=1"]
     mesh = make_mesh(load_config(tiny_trm_overrides(sudoku_dir, out, "r") + over).mesh)
     train(load_config(tiny_trm_overrides(sudoku_dir, out, "r") + over), mesh)
     cfg = load_config(

@@ -31,15 +31,16 @@ from models.trm.scaling import prefix_ks, select_answers, trajectories_step
 from models.trm.training import TRMOptimConfig, init_train_state
 from parity.trm_fixtures import make_batch, tiny_config
 
-OPTIM = TRMOptimConfig(global_batch_size=6, loss_dtype="float32")
+OPTIM = TRMOptimConfig()
 
 
 def _model_state(variant="mlp_t", **overrides):
     """A random-weight TRM whose Q head reads the latent (upstream initialises it to a constant
     -5, which no trajectory could change)."""
     cfg = tiny_config(
-        variant, "float32", batch_size=6, halt_max_steps=2, hidden_size=32, **overrides
-    )
+        variant, "float32", batch_size=6, halt_max_steps=2, hidden_size=32, loss_dtype="float32",
+        **overrides,
+    )  # fmt: skip
     model = TRM(cfg, rngs=nnx.Rngs(0))
     w = model.inner.q_head.weight[...]
     model.inner.q_head.weight[...] = jax.random.normal(jax.random.key(1), w.shape, w.dtype)
@@ -56,14 +57,14 @@ def _batch(cfg, seed=0, first=0):
 
 @functools.cache
 def _jit(graphdef, **kw):
-    return jax.jit(functools.partial(trajectories_step, graphdef, config=OPTIM, **kw))
+    return jax.jit(functools.partial(trajectories_step, graphdef, **kw))
 
 
 @pytest.mark.parametrize("noise", [None, LatentNoise(0.0, seed=5)])
 def test_one_trajectory_without_noise_is_the_plain_evaluation(noise):
     cfg, graphdef, state = _model_state()
     batch = _batch(cfg)
-    plain = jax.jit(functools.partial(eval_step, graphdef, config=OPTIM))(
+    plain = jax.jit(functools.partial(eval_step, graphdef))(
         state, {k: v for k, v in batch.items() if k != "example"}
     )
     one = _jit(graphdef, trajectories=1, noise=noise)(state, batch)
@@ -102,7 +103,7 @@ def _trajectory_outputs(graphdef, state, batch, K, noise):
     B = batch["labels"].shape[0]
     ids = np.stack(np.meshgrid(np.asarray(batch["example"]), np.arange(K), indexing="ij"), -1)
     rows["noise_ids"] = jnp.asarray(ids.reshape(B * K, 2), jnp.int32)
-    out = jax.jit(functools.partial(eval_step, graphdef, config=OPTIM, noise=noise))(state, rows)
+    out = jax.jit(functools.partial(eval_step, graphdef, noise=noise))(state, rows)
     L = batch["labels"].shape[1]
     return (
         np.asarray(out["preds"]).reshape(B, K, L),

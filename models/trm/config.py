@@ -7,6 +7,7 @@ import dataclasses
 # TRMConfig.attention_impl: the same values and rules as GPTConfig's (models/attention.py).
 from models.attention import ATTENTION_IMPLS
 from models.fields import check_ranges, ranged
+from models.trm.losses import LOSS_DTYPES, LOSS_TYPES
 
 ARCHS = ("trm", "hrm", "trm_singlez", "trm_hier6", "transformers_baseline")
 # TRMConfig.remat_policy: what jax.checkpoint keeps of a block for the backward pass (the names of
@@ -58,6 +59,12 @@ class TRMConfig:
     act_enabled: bool = True
     act_inference: bool = False
 
+    # arch.loss (upstream's ACTLossHead, models.trm.act_loss): the loss type, and the dtype of the
+    # loss: upstream's stablemax runs in float64, which needs jax x64 (the trainer turns it on);
+    # "float32" accepts a float32 loss instead (docs/porting_trm.md)
+    loss_type: str = "stablemax_cross_entropy"  # one of LOSS_TYPES
+    loss_dtype: str = "float64"  # one of LOSS_DTYPES
+
     # Our options (not upstream)
     arch: str = "trm"  # one of ARCHS: selects the inner recursion
     remat: bool = False  # jax.checkpoint around every block (same values, less memory)
@@ -72,25 +79,23 @@ class TRMConfig:
 
     def __post_init__(self):
         check_ranges(self)
-        if self.arch not in ARCHS:
-            raise ValueError(f"TRMConfig.arch={self.arch!r}: expected one of {ARCHS}")
+        choices = {
+            "arch": ARCHS,
+            "loss_type": LOSS_TYPES,
+            "loss_dtype": LOSS_DTYPES,
+            "remat_policy": REMAT_POLICIES,
+            "embed_grad": EMBED_GRADS,
+            "attention_impl": ATTENTION_IMPLS,
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"TRMConfig.{name}={getattr(self, name)!r}: expected one of {allowed}"
+                )
         if self.forward_dtype not in ("float32", "bfloat16", "float64", "float16"):
             raise ValueError(
                 f"TRMConfig.forward_dtype={self.forward_dtype!r}: expected float32, bfloat16, "
                 "float16 or float64"
-            )
-        if self.remat_policy not in REMAT_POLICIES:
-            raise ValueError(
-                f"TRMConfig.remat_policy={self.remat_policy!r}: expected one of {REMAT_POLICIES}"
-            )
-        if self.embed_grad not in EMBED_GRADS:
-            raise ValueError(
-                f"TRMConfig.embed_grad={self.embed_grad!r}: expected one of {EMBED_GRADS}"
-            )
-        if self.attention_impl not in ATTENTION_IMPLS:
-            raise ValueError(
-                f"TRMConfig.attention_impl={self.attention_impl!r}: expected one of "
-                f"{ATTENTION_IMPLS}"
             )
         # What is known before any device is seen (jax's cuDNN checks; the device ones run at
         # trace time: models/attention.py).

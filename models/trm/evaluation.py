@@ -4,7 +4,7 @@ Upstream evaluates every test batch from a FRESH carry: halt_max_steps ACT steps
 in eval mode (no halting, no exploration), and reports the loss head's metrics of the last step,
 summed over the batch. `eval_step` does that and a little more, for `python -m train.evaluate`:
 
-    out = eval_step(graphdef, state, batch, config=cfg)    # state: TRMTrainState (training.py)
+    out = eval_step(graphdef, state, batch)    # state: TRMTrainState (training.py)
     out["sums"]        # act_loss's sums of the last step (what upstream reports, after / count)
     out["per_step"]    # exact_accuracy / accuracy sums after EVERY ACT step ([steps] each)
     out["preds"], out["q_halt_logits"]                     # per row (the ARC evaluator's input)
@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from models.trm.losses import IGNORE_LABEL_ID, act_loss
-from models.trm.training import TRMOptimConfig, TRMTrainState, ema_model
+from models.trm.training import TRMTrainState, ema_model
 
 # What `halt` freezes per row at its halting step
 HALT_KEYS = ("logits", "q_halt_logits", "q_continue_logits")
@@ -56,7 +56,6 @@ def eval_step(
     state: TRMTrainState,
     batch: dict,
     *,
-    config: TRMOptimConfig,
     extra_steps: int = 0,
     halt: bool = False,
     trace: bool = False,
@@ -104,7 +103,8 @@ def eval_step(
         frozen = _freeze(model, frozen, outputs, carry.steps, True)
         carry = carry.replace(steps=frozen["steps"])
         outputs = {**outputs, **{k: frozen[k] for k in HALT_KEYS}}
-    _, sums = act_loss(carry, outputs, loss_type=config.loss_type, loss_dtype=config.loss_dtype)
+    c = model.config  # upstream's ACTLossHead reads arch.loss
+    _, sums = act_loss(carry, outputs, loss_type=c.loss_type, loss_dtype=c.loss_dtype)
     if not halt:  # the last step's entry IS the reported metric (same sums, by construction)
         last_sums = {k: sums[k] for k in last_sums}
     per_step = {

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 IGNORE_LABEL_ID = -100
 LOSS_TYPES = ("stablemax_cross_entropy", "softmax_cross_entropy")
+LOSS_DTYPES = ("float64", "float32")
 
 
 def _s(x):
@@ -42,7 +43,7 @@ def _resolve_dtype(loss_dtype: str):
             "(jax.config.update('jax_enable_x64', True), or `with jax.enable_x64(True):`), or pass "
             "loss_dtype='float32' to accept a float32 loss (docs/porting_trm.md)."
         )
-    if loss_dtype not in ("float64", "float32"):
+    if loss_dtype not in LOSS_DTYPES:
         raise ValueError(f"act_loss: loss_dtype={loss_dtype!r}: expected 'float64' or 'float32'")
     return jnp.dtype(loss_dtype)
 

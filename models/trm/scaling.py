@@ -4,7 +4,7 @@ A trained TRM's answer depends on where its recursion goes; Gaussian noise on th
 every ACT step sends each of K copies of a puzzle down another path, and the Q head (trained to
 say "this answer is right") or a majority vote picks one of the K answers:
 
-    out = trajectories_step(graphdef, state, batch, config=optim_cfg, trajectories=K,
+    out = trajectories_step(graphdef, state, batch, trajectories=K,
                             noise=LatentNoise(sigma, seed), select="q_halt")
 
 `batch` holds B puzzles (their rows and "example", each row's index in the test split); inside,
@@ -65,7 +65,6 @@ def trajectories_step(
     state,
     batch: dict,
     *,
-    config,
     trajectories: int,
     noise: LatentNoise | None,
     select: str = "q_halt",
@@ -83,9 +82,7 @@ def trajectories_step(
     example_bk = jnp.broadcast_to(batch["example"][:, None], (B, K))
     k_bk = jnp.broadcast_to(jnp.arange(K)[None, :], (B, K))
     expanded["noise_ids"] = jnp.stack([example_bk, k_bk], -1).reshape(B * K, 2).astype(jnp.int32)
-    out = eval_step(
-        graphdef, state, expanded, config=config, extra_steps=extra_steps, halt=halt, noise=noise
-    )
+    out = eval_step(graphdef, state, expanded, extra_steps=extra_steps, halt=halt, noise=noise)
     preds_bkl = out["preds"].reshape(B, K, L)
     q_bk = out["q_halt_logits"].reshape(B, K)
     by_k, idx_b, count = select_answers(preds_bkl, q_bk, batch["labels"], select=select, ks=ks)

@@ -5,20 +5,24 @@ The trainer builds the state once, then jits `train_step` with the graphdef and 
     model.train()                                    # halting is adaptive only in training
     graphdef, state = init_train_state(model, cfg)   # cfg: TRMOptimConfig
     carry = model.initial_carry(first_batch)         # every slot halted: refilled at step 1
-    step = jax.jit(functools.partial(train_step, graphdef, config=cfg), donate_argnums=(0, 1))
-    for batch in loader:
+    step = jax.jit(functools.partial(train_step, graphdef, config=cfg, total_steps=n),
+                   donate_argnums=(0, 1))
+    for batch in loader:                             # global batches of B rows
         state, carry, metrics = step(state, carry, batch)  # metrics: raw jnp sums, no host sync
-        log(normalize_metrics(metrics, mode="train", global_batch_size=cfg.global_batch_size))  # one step late, on host
+        log(normalize_metrics(metrics, mode="train", global_batch_size=B))  # a step late, on host
     eval_model = ema_model(graphdef, state)          # EMA params + live buffers, eval mode
 
 One call = one ACT step on the persistent carry, in upstream's order:
   1. step += 1; if step > total_steps nothing is updated (params, table, optimizer, carry, RNG
      keep their values) but the EMA is still updated (upstream runs ema.update after every batch).
-  2. forward on (carry, batch) -> new carry; loss = act_loss(...) / global_batch_size.
+  2. forward on (carry, batch) -> new carry; loss = act_loss(...) / global_batch_size, the
+     batch's rows (upstream's train_batch argument; the loader drops partial batches), with the
+     model config's loss_type and loss_dtype (upstream's arch.loss).
   3. gradients of every nnx.Param and of the gathered puzzle rows (via `puzzle_emb_delta`, zeros:
      d loss / d delta is upstream's `local_weights.grad`).
   4. SignSGD on the puzzle table (ids = new_carry.current_data['puzzle_identifiers']), then
-     AdamATan2 on the params, each with its own lr from trm_lr(step) (step counted from 1).
+     AdamATan2 on the params, each with its own lr from trm_lr(step) over total_steps (step
+     counted from 1).
      No clipping, no accumulation, no loss scaling.
   5. EMA of the params (mu = ema_rate).
 Under SPMD jit with global batch arrays the gradients and the SignSGD ids are global: there is no
@@ -51,13 +55,10 @@ from models.trm.optim import (
 @dataclasses.dataclass(frozen=True)
 class TRMOptimConfig:
     """The optimisation fields of upstream's cfg_pretrain.yaml (same names and defaults, but
-    `ema`: True here, False there; configs/optim/trm.yaml sets upstream's), plus the trainer's
-    batch size and step count, which the loss scale and the schedule read."""
+    `ema`: True here, False there; configs/optim/trm.yaml sets upstream's). The schedule's length
+    is `train_step`'s `total_steps`, the loss's scale the batch's rows, the loss itself the model
+    config's (TRMConfig.loss_type, loss_dtype)."""
 
-    global_batch_size: int = ranged(768, ">0")
-    total_steps: int = ranged(
-        1, ">0"
-    )  # optim.total_steps(epochs, total_groups, mean_puzzle_examples, gbs)
     lr: float = ranged(1e-4, ">0")
     lr_min_ratio: float = ranged(1.0, "[0,1]")
     lr_warmup_steps: int = ranged(2000, ">=0")
@@ -69,10 +70,6 @@ class TRMOptimConfig:
     ema: bool = True
     ema_rate: float = ranged(0.999, "[0,1]")
     freeze_weights: bool = False  # upstream: train only the puzzle table
-    # passed to models.trm.act_loss: upstream's stablemax runs in float64, which needs jax x64;
-    # "float32" accepts a float32 loss instead (see docs/porting_trm.md)
-    loss_type: str = "stablemax_cross_entropy"
-    loss_dtype: str = "float64"
     # how SignSGD updates the puzzle table (models.trm.optim.TABLE_UPDATES): "auto" is a dense
     # masked update when the table has no more rows than the batch (Sudoku: 1), else sparse
     table_update: str = "auto"
@@ -85,12 +82,12 @@ class TRMOptimConfig:
                 f"{TABLE_UPDATES}"
             )
 
-    def schedule(self, step, base_lr: float):
+    def schedule(self, step, base_lr: float, total_steps: int):
         return trm_lr(
             step,
             base_lr=base_lr,
             warmup_steps=self.lr_warmup_steps,
-            total_steps=self.total_steps,
+            total_steps=total_steps,
             min_ratio=self.lr_min_ratio,
         )
 
@@ -151,8 +148,13 @@ def train_step(
     batch: dict,
     *,
     config: TRMOptimConfig,
+    total_steps: int,
 ):
     """One upstream train_batch + EMA update. Returns (state, carry, metrics).
+
+    `total_steps` is the schedule's length (upstream's, from epochs and the data set: the trainer's
+    trainer.total_steps, `models.trm.optim.total_steps`); the loss is scaled by 1 / the batch's
+    rows, upstream's global_batch_size.
 
     `metrics` holds act_loss's raw batch sums (count, accuracy, exact_accuracy, q_halt_accuracy,
     steps, lm_loss, q_halt_loss) plus `lr`, `puzzle_emb_lr`, `grad_norm` (global L2 norm of the
@@ -160,16 +162,12 @@ def train_step(
     gathered puzzle rows' gradients; absent without a puzzle table), all jnp scalars; on a skipped
     step (step > total_steps) the sums and norms are zeros.
     """
-    batch_rows = batch["inputs"].shape[0]
-    if batch_rows != config.global_batch_size:
-        raise ValueError(
-            f"train_step: batch['inputs'] has {batch_rows} rows but global_batch_size is "
-            f"{config.global_batch_size} (the loader drops partial batches; the loss is scaled "
-            "by 1/global_batch_size)"
-        )
+    if total_steps <= 0:
+        raise ValueError(f"train_step: total_steps={total_steps}: expected > 0")
+    batch_rows = batch["inputs"].shape[0]  # global: the whole batch under SPMD jit
     step = state.step + 1
-    lr = config.schedule(step, config.lr)
-    emb_lr = config.schedule(step, config.puzzle_emb_lr)
+    lr = config.schedule(step, config.lr, total_steps)
+    emb_lr = config.schedule(step, config.puzzle_emb_lr, total_steps)
     table = _table_leaf(state.table)
 
     def loss_fn(params, delta):
@@ -177,11 +175,10 @@ def train_step(
         # exploration RNG here; reusing the outer-level ones raises TraceContextError
         model = nnx.merge(graphdef, params, state.table, state.rest, copy=True)
         new_carry, outputs = model(carry, batch, puzzle_emb_delta=delta)
-        loss, metrics = act_loss(
-            new_carry, outputs, loss_type=config.loss_type, loss_dtype=config.loss_dtype
-        )
+        c = model.config  # upstream's ACTLossHead reads arch.loss
+        loss, metrics = act_loss(new_carry, outputs, loss_type=c.loss_type, loss_dtype=c.loss_dtype)
         rest = nnx.state(model, nnx.Not(nnx.Any(nnx.Param, PuzzleTable)))
-        return loss / config.global_batch_size, (new_carry, metrics, rest)
+        return loss / batch_rows, (new_carry, metrics, rest)
 
     delta = None
     if table is not None:
@@ -215,7 +212,7 @@ def train_step(
     # cost model then predicts the step (train/aot.py), which it cannot for a cond's branches.
     # Only steps past the schedule compute in vain (Sudoku: none; the loader drops the last
     # partial batch of each iteration, 65,100 steps run of 65,104 scheduled).
-    skipped = step > config.total_steps
+    skipped = step > total_steps
     keep = (state.params, state.rest, state.opt_state, carry)
     params, rest, opt_state, new_carry = jax.tree.map(
         lambda old, new: jnp.where(skipped, old, new),

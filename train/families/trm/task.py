@@ -56,9 +56,6 @@ from train.task import Task, record_in_config
 
 log = logging.getLogger(__name__)
 
-# Fields of TRMOptimConfig the trainer fills (from trainer.*), not optim.*
-_TRAINER_FIELDS = ("global_batch_size", "total_steps")
-
 
 class TRMTask(Task):
     items_name = "examples"
@@ -70,7 +67,7 @@ class TRMTask(Task):
     )
     config_sections = {
         "model": (TRMConfig, ("batch_size", "seq_len", "vocab_size", "num_puzzle_identifiers")),
-        "optim": (TRMOptimConfig, _TRAINER_FIELDS),
+        "optim": (TRMOptimConfig, ()),
         "data": (TRMDataConfig, ()),
     }
 
@@ -83,10 +80,10 @@ class TRMTask(Task):
         check_ranges(cfg.optim, "optim", TRMOptimConfig)
         if cfg.data.get("evaluator", "") not in ("", "arc"):
             raise ConfigError(f"data.evaluator={cfg.data.evaluator!r}: expected '' or 'arc'")
-        bad = sorted(set(cfg.optim or {}) & set(_TRAINER_FIELDS))
-        if bad:
+        moved = [k for k in ("loss_type", "loss_dtype") if k in (cfg.optim or {})]
+        if moved:  # upstream keeps the loss in arch.loss; so does TRMConfig
             raise ConfigError(
-                f"optim: {bad} are set by the trainer (trainer.global_batch_size, epochs)"
+                f"optim.{moved[0]}: the loss's settings are model.loss_type and model.loss_dtype"
             )
         check_fields(TRMOptimConfig, cfg.optim, "optim")
         if cfg.trainer.total_steps == 0 and cfg.trainer.epochs == 0:
@@ -94,9 +91,9 @@ class TRMTask(Task):
 
     @classmethod
     def needs_x64(cls, cfg) -> bool:
-        """Upstream's float64 stablemax loss (optim.loss_dtype, float64 by default) needs jax
+        """Upstream's float64 stablemax loss (model.loss_dtype, float64 by default) needs jax
         x64; every other TRM dtype is set explicitly."""
-        return cfg.optim.get("loss_dtype", TRMOptimConfig.loss_dtype) == "float64"
+        return cfg.model.get("loss_dtype", TRMConfig.loss_dtype) == "float64"
 
     @classmethod
     def check_backend(cls, cfg, platform: str) -> None:
@@ -109,8 +106,8 @@ class TRMTask(Task):
         non-TPU mesh preset."""
         if platform == "tpu" and cls.needs_x64(cfg):
             raise ConfigError(
-                "optim.loss_dtype=float64 is not float64 on a TPU: TPUs have no float64 and "
-                "XLA:TPU emulates it with pairs of float32; set optim.loss_dtype=float32 "
+                "model.loss_dtype=float64 is not float64 on a TPU: TPUs have no float64 and "
+                "XLA:TPU emulates it with pairs of float32; set model.loss_dtype=float32 "
                 '(docs/sharding.md, "float64 on a TPU")'
             )
 
@@ -138,11 +135,7 @@ class TRMTask(Task):
             self.epochs, d.total_groups, d.mean_puzzle_examples, self.batch
         )
         check_batch_fits(d, self.batch, self.epochs, self.eval_epochs, self.total_steps)
-        self.optim = build_dataclass(
-            TRMOptimConfig,
-            dict(cfg.optim, global_batch_size=self.batch, total_steps=self.total_steps),
-            "optim",
-        )
+        self.optim = build_dataclass(TRMOptimConfig, cfg.optim, "optim")
         self.items_per_step = self.batch
         self.flops_per_step = trm_flops_per_step(self.model_cfg, self.batch)
         self._eval_fns = {}  # (eval batch, extra steps, halt) -> jitted eval_step
@@ -214,8 +207,9 @@ class TRMTask(Task):
 
     def train_step(self, state, batch):
         train_state, carry, sums = train_step(
-            self.graphdef, state["train"], state["carry"], batch, config=self.optim
-        )
+            self.graphdef, state["train"], state["carry"], batch, config=self.optim,
+            total_steps=self.total_steps,
+        )  # fmt: skip
         metrics = normalize_metrics(sums, mode="train", global_batch_size=self.batch)
         # float32 scalars whatever the loss dtype (float64 with upstream's stablemax)
         metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
@@ -223,7 +217,7 @@ class TRMTask(Task):
 
     # --- eval -------------------------------------------------------------------------------
     def eval_step(self, state, batch):
-        return eval_step(self.graphdef, state["train"], batch, config=self.optim)["sums"]
+        return eval_step(self.graphdef, state["train"], batch)["sums"]
 
     def eval_metrics(self, sums: dict) -> dict:
         return normalize_metrics(sums, mode="eval")
@@ -311,14 +305,11 @@ class TRMTask(Task):
                 "q_halt_logits": self.batch_sharding(1),
             }
             if scaling is None:
-                fn = functools.partial(
-                    eval_step, self.graphdef, config=self.optim, extra_steps=extra_steps,
-                    halt=halt,
-                )  # fmt: skip
+                fn = functools.partial(eval_step, self.graphdef, extra_steps=extra_steps, halt=halt)
             else:
                 out_sh.update(chosen=replicated, by_k=replicated)
                 fn = functools.partial(
-                    trajectories_step, self.graphdef, config=self.optim,
+                    trajectories_step, self.graphdef,
                     trajectories=scaling.trajectories, noise=scaling.noise, select=scaling.select,
                     extra_steps=extra_steps, halt=halt, ks=prefix_ks(scaling.trajectories),
                 )  # fmt: skip

@@ -78,7 +78,7 @@ def upstream_overrides(all_config: dict) -> list[str]:
     out += [f"model.{k}={arch[k]}" for k in _UPSTREAM_MODEL_KEYS if k in arch]
     loss = (arch.get("loss") or {}).get("loss_type")
     if loss:
-        out.append(f"optim.loss_type={loss}")
+        out.append(f"model.loss_type={loss}")
     if "global_batch_size" in all_config:
         out.append(f"trainer.global_batch_size={int(all_config['global_batch_size'])}")
     if "ema" in all_config:
