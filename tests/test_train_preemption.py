@@ -24,7 +24,6 @@ from tests.helpers import (
     REPO,
     build_tiny_sudoku,
     build_tiny_text,
-    checkpoint_exists,
     logged_steps,
     run_and_signal,
     tiny_gpt_overrides,
@@ -190,27 +189,6 @@ def test_trm_sigterm_keeps_carry_ema_and_data_position(tmp_path):
         assert all(len(v) == 1 for v in got.values()), key
         assert_close(f"TRM {key} across a preemption at step {step}",
                      [got[s][0] for s in sorted(got)], [want[s][0] for s in sorted(want)], EXACT)  # fmt: skip
-
-
-@pytest.mark.slow
-def test_kill_9_counts_the_steps_redone_in_goodput(straight, tmp_path):
-    """A SIGKILL cannot be caught: the relaunch trains again the steps after the last
-    checkpoint, and final.json's goodput says how many and what they cost."""
-    straight_dir, args = straight
-    run_dir, out = str(tmp_path / "run"), str(tmp_path)
-    extra = ["checkpoint.interval=5"]
-    rc, log = run_and_signal(
-        args(out, "run", *extra), when=checkpoint_exists(run_dir, 5), sig=signal.SIGKILL
-    )
-    assert rc == -signal.SIGKILL, log[-3000:]
-    logged = max(logged_steps(run_dir))
-    rc, log = run_and_signal(args(out, "run", *extra), when=None)
-    assert rc == 0, log[-3000:]
-    resumed = int(re.search(r"resumed \S+ from step (\d+)", log).group(1))
-    final = json.load(open(os.path.join(run_dir, "final.json")))
-    g = final["goodput"]
-    assert g["steps_redone"] == logged - resumed and g["lost"] >= 0, (g, logged, resumed)
-    assert "time: wall" in log
 
 
 @pytest.mark.slow
