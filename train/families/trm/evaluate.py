@@ -277,11 +277,7 @@ def show_boards(task, state, data: str, n: int, extra_steps: int = 0, batch: int
     puzzles are found (the whole split when there are fewer)."""
     size = max(n, batch or task.data_cfg.eval_batch_size or task.batch)
     ds = PuzzleTestDataset(data, global_batch_size=size, process_index=0, process_count=1)
-    fn = jax.jit(
-        functools.partial(
-            eval_step, task.graphdef, config=task.optim, extra_steps=extra_steps, trace=True
-        )
-    )
+    fn = jax.jit(functools.partial(eval_step, task.graphdef, extra_steps=extra_steps, trace=True))
     m = task.model_cfg
     fixed, others, count = [], [], 0  # every fixed puzzle so far, the first n others
     for i in range(len(ds)):
