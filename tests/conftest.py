@@ -71,14 +71,7 @@ def _has_gpu() -> bool:
         return False
 
 
-# Modules of the slow tier's longest tests (whole training runs of several minutes): they run
-# first, so that xdist, which hands tests out in collection order, does not start one of them
-# last on one worker while the other sits idle. A module moves whole (its fixtures stay shared).
-LONG_FIRST = ("test_reproductions.py",)
-
-
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: item.path.name not in LONG_FIRST)  # stable: order kept otherwise
     has_gpu = None
     has_libtpu = importlib.util.find_spec("libtpu") is not None
     for item in items:
