@@ -83,7 +83,8 @@ class TRMTask(Task):
         moved = [k for k in ("loss_type", "loss_dtype") if k in (cfg.optim or {})]
         if moved:  # upstream keeps the loss in arch.loss; so does TRMConfig
             raise ConfigError(
-                f"optim.{moved[0]}: the loss's settings are model.loss_type and model.loss_dtype"
+                f"optim.{moved[0]}: the loss's settings are model.loss_type and model.loss_dtype "
+                "(upstream's arch.loss): move them under model"
             )
         check_fields(TRMOptimConfig, cfg.optim, "optim")
         if cfg.trainer.total_steps == 0 and cfg.trainer.epochs == 0:
