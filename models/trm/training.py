@@ -1,6 +1,7 @@
 """One TRM training step as a pure function (upstream pretrain.py `train_batch` + `ema.update`).
 
-The trainer builds the state once, then jits `train_step` with the graphdef and config closed over:
+The trainer builds the state once, then jits `train_step` with the graphdef, config and schedule
+length closed over:
 
     model.train()                                    # halting is adaptive only in training
     graphdef, state = init_train_state(model, cfg)   # cfg: TRMOptimConfig
