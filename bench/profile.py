@@ -1,8 +1,9 @@
-"""Where the JAX train step spends its time: a jax.profiler trace, summarised per XLA op.
+"""Where a train step spends its time: a profiler trace, summarised per op.
 
     python -m bench.profile --trace RUN_DIR/profile --steps 3    # a trainer run's own steps
-    python -m bench.profile trm_sudoku_tiny [--threads 1] [--steps 3] [--top 25] \
-        [--trace-dir DIR] [--hlo FILE] [--jax-model K=V ...] [--data K=V ...] [--data-path DIR]
+    python -m bench.profile trm_sudoku_tiny [--impl jax|torch_eager|torch_compile] [--threads 1]
+        [--steps 3] [--top 25] [--trace-dir DIR] [--hlo FILE] [--jax-model K=V ...]
+        [--data K=V ...] [--data-path DIR] [--device cpu|gpu]
 
 Runs the trainer's real step (the same `bench.runners.JaxRunner` the benchmark times), warms it
 up, traces `--steps` steps with `jax.profiler`, and prints the op time per step grouped by XLA
@@ -11,6 +12,12 @@ op name (numeric and `.clone` suffixes dropped: `ynn_fusion.12` -> `ynn_fusion`)
 left out of the sum and each leaf op is marked `in cond/while` when it ran inside one (summing
 all events double counts; docs/benchmarks.md, "Traps"). `--hlo FILE` writes the optimised HLO
 of the step, to look up what a fusion computes. Used for the findings in docs/benchmarks.md.
+
+`--impl torch_eager` / `torch_compile` profiles the PyTorch reference's step instead (the same
+`bench.runners` torch runner the benchmark times, on the same batch) with torch.profiler and prints
+the same table per kernel: on a GPU the CUDA kernels' own time (torch.compile's fused Triton
+kernels by name, `triton_per_fused_...`), on the CPU the operators' self time. Put beside the JAX
+table of the same config, it shows which work one side fuses and the other does not.
 """
 
 from __future__ import annotations
@@ -95,6 +102,12 @@ def main(argv=None):
     p.add_argument("--hlo", default=None, help="write the step's optimised HLO to this file")
     p.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
     p.add_argument(
+        "--impl",
+        default="jax",
+        choices=("jax", "torch_eager", "torch_compile"),
+        help="whose step: the trainer's JAX step, or the PyTorch reference's (torch.profiler)",
+    )
+    p.add_argument(
         "--jax-model",
         action="append",
         default=[],
@@ -127,6 +140,12 @@ def main(argv=None):
     if not args.config:
         p.error("a config name, or --trace DIR")
 
+    if args.impl != "jax":
+        for flag in ("hlo", "jax_model"):
+            if getattr(args, flag):
+                p.error(f"--{flag.replace('_', '-')} is for --impl jax")
+        return _profile_torch(args)
+
     from bench.worker import prepare_env
 
     prepare_env("jax", args.device, args.threads)
@@ -134,17 +153,9 @@ def main(argv=None):
         os.environ["XLA_FLAGS"] = without_command_buffers(os.environ["XLA_FLAGS"])
     import jax
 
-    from bench import configs, runners
-    from bench.harness import _parse_overrides
+    from bench import runners
 
-    rc = configs.resolve(
-        configs.get(args.config),
-        jax_overrides=_parse_overrides(args.jax_model),
-        data_path=args.data_path,
-    )
-    for key, value in _parse_overrides(args.data).items():
-        rc["trainer_cfg"]["data"][key] = value
-        rc["model"][key] = value  # runners.make_batch draws the puzzle ids from it
+    rc = _resolved(args)
     runner = runners.JaxRunner(rc, {"seed": 0, "device": args.device})
     runner.setup()
     runner.run(3)  # compile + warm-up
@@ -164,6 +175,72 @@ def main(argv=None):
         f"{args.config}: {seconds / args.steps * 1e3:.1f} ms per step (traced; batch from "
         f"{runner.batch_source})",
     )
+
+
+def _resolved(args) -> dict:
+    from bench import configs
+    from bench.harness import _parse_overrides
+
+    rc = configs.resolve(
+        configs.get(args.config),
+        jax_overrides=_parse_overrides(args.jax_model),
+        data_path=args.data_path,
+    )
+    for key, value in _parse_overrides(args.data).items():
+        rc["trainer_cfg"]["data"][key] = value
+        rc["model"][key] = value  # runners.make_batch draws the puzzle ids from it
+    return rc
+
+
+def torch_rows(averages, steps: int, on_gpu: bool) -> tuple[float, list[tuple[str, float, int]]]:
+    """torch.profiler's `key_averages()` -> (ms per step, [(name, ms per step, count per step)]).
+
+    On a GPU the rows are the device's kernels (their own time; the CPU-side operators that
+    launched them are left out, or every kernel would count twice); on the CPU the operators'
+    self time."""
+    from torch.autograd import DeviceType
+
+    rows = []
+    for e in averages:
+        if on_gpu:
+            if e.device_type != DeviceType.CUDA:
+                continue
+            us = e.self_device_time_total
+        else:
+            us = e.self_cpu_time_total
+        if us > 0:
+            rows.append((e.key, us / steps / 1e3, -(-e.count // steps)))
+    rows.sort(key=lambda r: -r[1])
+    return sum(r[1] for r in rows), rows
+
+
+def _profile_torch(args) -> None:
+    from bench.worker import prepare_env
+
+    prepare_env(args.impl, args.device, args.threads)
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench import runners
+
+    spec = {"impl": args.impl, "device": args.device, "seed": 0, "resolved": _resolved(args)}
+    runner = runners.make_runner(spec)
+    source = runner.setup()["batch_source"]
+    runner.run(3)  # torch.compile's compile + warm-up
+    on_gpu = args.device == "gpu"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    with profile(activities=activities) as prof:
+        seconds, _ = runner.run(args.steps)
+    if args.trace_dir:
+        os.makedirs(args.trace_dir, exist_ok=True)
+        prof.export_chrome_trace(os.path.join(args.trace_dir, f"{args.impl}.trace.json"))
+    total, rows = torch_rows(prof.key_averages(), args.steps, on_gpu)
+    what = "kernel" if on_gpu else "operator self"
+    print(f"{args.config} {args.impl}: {seconds / args.steps * 1e3:.1f} ms per step (traced; "
+          f"batch from {source}), {total:.1f} ms of {what} time per step")  # fmt: skip
+    print(f"{'ms/step':>9}  {'n/step':>6}  {'kernel' if on_gpu else 'operator'}")
+    for name, ms, n in rows[: args.top]:
+        print(f"{ms:9.2f}  {n:6d}  {name}")
 
 
 def op_span_ms(trace_file: str, steps: int) -> float:

@@ -1,7 +1,10 @@
 """JAX-only A/B of step variants in ONE process, interleaved: compile time and step time.
 
     python -m bench.variants trm_sudoku_tiny --variant scan=true --variant remat=true \
-        --variant scan=true,remat=true [--steps 10] [--threads N] [--data-path DIR]
+        --variant scan=true,remat=true [--steps 10] [--threads N] [--data-path DIR] \
+        [--device cpu|gpu] [--out FILE]
+    python -m bench.variants gpt2_124m --device gpu --flags no_triton_gemm=--xla_gpu_enable_triton_gemm=false \
+        [--flags NAME=XLA_FLAGS ...] [--steps 20] [--out FILE]
 
 Each variant is the trainer's real step (train.families.make_task + jit_train_step) built from the
 same resolved config with some fields changed (TRMConfig `scan`, `remat`, ...; `optim.NAME` for an
@@ -9,6 +12,13 @@ optimiser field), stepping on the same batch (bench.runners.make_batch). The fir
 call of each is timed (trace + compile + one step, and `lower`/`compile` separately); then the
 variants run one step each in turn, `--steps` times, and the median and IQR of each are printed,
 with its ratio to the baseline taken step by step. Used for the findings in docs/benchmarks.md.
+
+`--flags NAME=XLA_FLAGS` compares compiler flags instead, which a process reads once at start: each
+set is its own process (this command without --flags, XLA_FLAGS extended by the set), run one
+after another as `base, set 1, ..., set N, base`, and each set's median step is divided by the
+mean of the two base runs' (their spread says how far a ratio can be trusted). A process that
+fails (a flag this XLA does not know aborts it) is recorded with its exit code and the next runs.
+Each set's record is printed as one `FLAGS {json}` line as it ends, so a run cut short keeps them.
 """
 
 from __future__ import annotations
@@ -16,7 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 
@@ -46,11 +59,23 @@ def main(argv=None):
     p.add_argument(
         "--data-path", default=None, metavar="DIR", help="the data set the batch comes from"
     )
+    p.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
+    p.add_argument(
+        "--flags",
+        action="append",
+        default=[],
+        metavar="NAME=XLA_FLAGS",
+        help="a set of XLA flags, timed in its own process against the default (repeatable)",
+    )
     args = p.parse_args(argv)
+    if args.flags:
+        if args.variant:
+            p.error("--flags and --variant are separate runs: give one of them")
+        return flag_sweep(args)
 
     from bench.worker import prepare_env
 
-    prepare_env("jax", "cpu", args.threads)
+    prepare_env("jax", args.device, args.threads)
     import jax
     from omegaconf import OmegaConf
 
@@ -122,6 +147,8 @@ def main(argv=None):
         )
     result = {
         "config": args.config,
+        "device": args.device,
+        "devices": [d.device_kind for d in jax.devices()[:1]],
         "threads": args.threads,
         "loadavg": os.getloadavg(),
         "rows": rows,
@@ -129,6 +156,67 @@ def main(argv=None):
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1, default=str)
+    return result
+
+
+def parse_flag_sets(items: list[str]) -> list[tuple[str, str]]:
+    """["NAME=--xla_a=1 --xla_b", ...] -> [(NAME, "--xla_a=1 --xla_b")]; "base" is reserved."""
+    out = []
+    for item in items:
+        name, sep, flags = item.partition("=")
+        if not sep or not name or not flags.strip().startswith("--"):
+            raise SystemExit(f"bench.variants: --flags {item!r}: expected NAME=--xla_flag[=value] ...")
+        if name == "base" or name in dict(out):
+            raise SystemExit(f"bench.variants: --flags {item!r}: the name {name!r} is taken")
+        out.append((name, flags.strip()))
+    return out
+
+
+def flag_sweep(args) -> dict:
+    """Each flag set in its own process, `base, sets..., base`; ratios to the mean base median."""
+    sets = parse_flag_sets(args.flags)
+    runs = [("base", "")] + sets + [("base", "")]
+    common = [args.config, "--device", args.device, "--steps", str(args.steps)]
+    for opt in ("threads", "batch", "data_path"):
+        if getattr(args, opt) is not None:
+            common += [f"--{opt.replace('_', '-')}", str(getattr(args, opt))]
+    records = []
+    with tempfile.TemporaryDirectory(prefix="bench_flags_") as tmp:
+        for i, (name, flags) in enumerate(runs):
+            out = os.path.join(tmp, f"{i}.json")
+            env = dict(os.environ)
+            env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flags}".strip()
+            t0 = time.perf_counter()
+            proc = subprocess.run(
+                [sys.executable, "-m", "bench.variants", *common, "--out", out],
+                env=env, capture_output=True, text=True,
+            )  # fmt: skip
+            rec = {"name": name, "flags": flags, "returncode": proc.returncode,
+                   "wall_s": round(time.perf_counter() - t0, 2)}  # fmt: skip
+            if proc.returncode == 0:
+                row = json.load(open(out))["rows"][0]
+                rec |= {"compile_s": row["compile_s"], "step_time_s": row["step_time_s"]}
+            else:
+                rec["error"] = (proc.stderr.strip().splitlines() or ["(no output)"])[-1][-300:]
+            records.append(rec)
+            print("FLAGS " + json.dumps(rec), flush=True)
+    base = [r["step_time_s"]["median"] for r in records if r["name"] == "base" and "step_time_s" in r]
+    base_ms = 1e3 * statistics.fmean(base) if base else None
+    print(f"{'set':<20} {'compile s':>9} {'step ms':>9} {'x base':>7}  flags")
+    for r in records:
+        st = r.get("step_time_s")
+        if st and base_ms:
+            r["ratio_to_base"] = 1e3 * st["median"] / base_ms
+        step = f"{1e3 * st['median']:9.2f}" if st else f"{'rc ' + str(r['returncode']):>9}"
+        comp = f"{r['compile_s']:9.2f}" if st else f"{'-':>9}"
+        ratio = f"{r['ratio_to_base']:7.3f}" if "ratio_to_base" in r else f"{'-':>7}"
+        print(f"{r['name']:<20} {comp} {step} {ratio}  {r['flags'] or '(default)'}")
+    result = {"config": args.config, "device": args.device, "base_ms": base_ms,
+              "base_spread": (max(base) / min(base) - 1) if len(base) == 2 else None,
+              "sets": records}  # fmt: skip
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
     return result
 
 
