@@ -218,7 +218,6 @@ def _profile_torch(args) -> None:
     from bench.worker import prepare_env
 
     prepare_env(args.impl, args.device, args.threads)
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     from bench import runners

@@ -165,7 +165,9 @@ def parse_flag_sets(items: list[str]) -> list[tuple[str, str]]:
     for item in items:
         name, sep, flags = item.partition("=")
         if not sep or not name or not flags.strip().startswith("--"):
-            raise SystemExit(f"bench.variants: --flags {item!r}: expected NAME=--xla_flag[=value] ...")
+            raise SystemExit(
+                f"bench.variants: --flags {item!r}: expected NAME=--xla_flag[=value] ..."
+            )
         if name == "base" or name in dict(out):
             raise SystemExit(f"bench.variants: --flags {item!r}: the name {name!r} is taken")
         out.append((name, flags.strip()))
@@ -200,7 +202,9 @@ def flag_sweep(args) -> dict:
                 rec["error"] = (proc.stderr.strip().splitlines() or ["(no output)"])[-1][-300:]
             records.append(rec)
             print("FLAGS " + json.dumps(rec), flush=True)
-    base = [r["step_time_s"]["median"] for r in records if r["name"] == "base" and "step_time_s" in r]
+    base = [
+        r["step_time_s"]["median"] for r in records if r["name"] == "base" and "step_time_s" in r
+    ]
     base_ms = 1e3 * statistics.fmean(base) if base else None
     print(f"{'set':<20} {'compile s':>9} {'step ms':>9} {'x base':>7}  flags")
     for r in records:
