@@ -1,26 +1,25 @@
 """One GPU session's whole plan in one command, every part time-boxed: `python -m bench gpu`.
 
     python -m bench gpu [--out DIR] [--work DIR] [--assets DIR] [--budget-s S] [--steps a,b,c,d,e]
-                        [--box PART=S ...] [--cap STEP=S ...] [--dry-run]
+                        [--parts KEY,KEY] [--box PART=S ...] [--cap STEP=S ...] [--dry-run]
     python -m bench gpu prepare --data DIR [--assets DIR]   # the data sets the parts read (once)
     python -m bench gpu env                                   # one line: device, driver, versions
     python -m bench gpu sudoku-data --src DIR [--test-csv F] --num-aug N --out DIR
 
 The plan (docs/benchmarks.md, "What a GPU session runs"); the parts run in `plan()`'s order,
-which is by priority (a.env, b, c.trainer_scatter_f32, d, the rest of c, a.pytest, e):
+which is by priority (what answers the open questions first), not by step letter:
 
   a  the environment in one line; `pytest -m gpu` on the test files that hold gpu-marked tests
   b  Sudoku-Extreme 1k x 1000 augmentations built on the device (trm_sudoku's data); on it
-     `python -m bench trainer` (the trainer's loop against its bare jitted step, the same batches
-     from the trainer's own iterator: `trainer_over_bare`) for the default step and for the step
-     whose embedding gradient is a bf16 scatter (model.embed_grad=scatter_bf16,
-     optim.table_update=sparse); then `python -m bench --device gpu` on trm_sudoku fed those
-     batches (JAX vs our PyTorch reference, eager and torch.compile, interleaved)
-  c  the variant sweep: `bench trainer` with model.embed_grad=scatter_f32, and with
-     optim.table_update=sparse; `python -m bench` on gpt2_124m (JAX vs eager vs torch.compile)
-  d  upstream pretrain.py's steps/s on the same data (eager, AdamATan2's reference kernel)
-  e  gpt_shakespeare_char to val loss <= 1.47 twice: the first run fills a compilation cache, the
-     second starts from it (time to the target with a warm cache)
+     `python -m bench trainer` (the trainer's loop against its bare jitted step on the trainer's
+     own batches: `trainer_over_bare`); last, if time is left, `python -m bench` on trm_sudoku
+     fed those batches (JAX vs our PyTorch reference, eager and torch.compile, interleaved)
+  c  where the time goes: `bench.profile` of trm_sudoku (real batches) and gpt2_124m, the JAX step
+     per XLA op and the torch.compile step per CUDA kernel
+  d  what could close the gaps to torch.compile: JAX step variants behind config keys
+     (`bench.variants --variant`, VARIANTS) and XLA:GPU flag sets (`--flags`, FLAG_SETS)
+  e  gpt_shakespeare_char to val loss <= 1.47 from a cold start, and nanoGPT's own train.py to the
+     same target on the same GPU
 
 Every part is one process group with a time box, capped by what is left of its step's cap and of
 the whole budget (--budget-s). When a part ends (exit, a target reached, its box, or a failure)
@@ -68,58 +67,93 @@ PAPER_TRM_STEPS = (
     65104  # 50,000 epochs x 1000 groups / batch 768 (configs/experiment/trm_sudoku.yaml)
 )
 TARGET_VAL_LOSS = 1.47  # nanoGPT README: 1.4697 for config/train_shakespeare_char.py
-# the step variants `bench trainer` measures (b: the default and the bf16-scatter step; c: the
-# other embedding gradient, and the default with the sparse table update)
-TRAINER_VARIANTS = {
-    "b.trainer": (),
-    "b.trainer_scatter_bf16": ("model.embed_grad=scatter_bf16", "optim.table_update=sparse"),
-    "c.trainer_scatter_f32": ("model.embed_grad=scatter_f32",),
-    "c.trainer_sparse": ("optim.table_update=sparse",),
-}
 TRAINER_STEPS = (2, 12)  # (warm-up, timed) steps of each `bench trainer` side
-# The TRM parts share one persistent compilation cache: `bench trainer`'s two sides and the
-# bench's JAX worker build the same default step (its compile_s is then a cache load)
+# The TRM parts share one persistent compilation cache: `bench trainer`'s two sides, the JAX
+# profile and the bench's JAX worker build the same default step (a cache load after the first)
 TRM_CACHE = "xla-cache-trm"
+
+# d: JAX step variants timed against the default in one process (`bench.variants --variant`),
+# each a config key that exists on main; and XLA:GPU flag sets, each in its own process
+# (`bench.variants --flags`, base runs before and after)
+VARIANTS = {
+    "gpt2_124m": ("optim.adamw_flat=true", "attention_impl=xla"),
+    "trm_sudoku": ("loss_dtype=float32", "scan=true"),
+}
+NO_TRITON_GEMM = "no_triton_gemm=--xla_gpu_enable_triton_gemm=false"
+NO_COMMAND_BUFFER = "no_command_buffer=--xla_gpu_enable_command_buffer="
+FLAG_SETS = {
+    "gpt2_124m": (
+        NO_TRITON_GEMM,
+        "cudnn_layer_norm=--xla_gpu_enable_cudnn_layer_norm=true",
+        NO_COMMAND_BUFFER,
+    ),
+    "trm_sudoku": (NO_TRITON_GEMM, NO_COMMAND_BUFFER),
+}
+VARIANT_STEPS = 20  # timed steps of each variant (and of each flag set's process)
+PROFILE_STEPS = 3
 
 # Seconds. A part's box is capped by what is left of its step's cap and of the budget.
 GPU_BOXES = {
     "a.env": 30,
-    "a.pytest": 60,
     "b.data": 60,
     "b.trainer": 110,
-    "b.trainer_scatter_bf16": 130,
+    "c.trm_sudoku_jax": 80,
+    "c.trm_sudoku_torch_compile": 120,
+    "c.gpt2_124m_jax": 60,
+    "c.gpt2_124m_torch_compile": 80,
+    "d.gpt2_124m_variants": 100,
+    "d.gpt2_124m_flags": 150,
+    "d.trm_sudoku_flags": 150,
+    "d.trm_sudoku_variants": 100,
+    "e.jax_cold": 90,
+    "e.upstream": 90,
+    "a.pytest": 60,
     "b.trm_sudoku": 150,
-    "c.trainer_scatter_f32": 100,
-    "c.trainer_sparse": 100,
-    "c.gpt2_124m": 100,
-    "d.upstream": 90,
-    "e.jax_cold": 80,
-    "e.jax_warm": 70,
 }
-GPU_STEP_CAPS = {"a": 80, "b": 400}
+GPU_STEP_CAPS = {"a": 100}
 GPU_BUDGET_S = 560
 DRY_BOXES = {
     "a.env": 15,
-    "a.pytest": 20,
     "b.data": 10,
     "b.trainer": 25,
-    "b.trainer_scatter_bf16": 20,
-    "b.trm_sudoku": 20,
-    "c.trainer_scatter_f32": 15,
-    "c.trainer_sparse": 15,
-    "c.gpt2_124m": 25,
-    "d.upstream": 10,
+    "c.trm_sudoku_jax": 15,
+    "c.trm_sudoku_torch_compile": 30,
+    "c.gpt2_124m_jax": 15,
+    "c.gpt2_124m_torch_compile": 30,
+    "d.gpt2_124m_variants": 20,
+    "d.gpt2_124m_flags": 30,
+    "d.trm_sudoku_flags": 30,
+    "d.trm_sudoku_variants": 20,
     "e.jax_cold": 20,
-    "e.jax_warm": 15,
+    "e.upstream": 20,
+    "a.pytest": 20,
+    "b.trm_sudoku": 20,
 }
-DRY_STEP_CAPS = {"a": 35, "b": 75}
+DRY_STEP_CAPS = {"a": 35}
 DRY_BUDGET_S = 150
 MIN_BOX_S = 5.0  # a part with less time than this left is skipped ("no time left")
 
 # what the dry run runs instead (the CPU stand-ins of each GPU size)
-DRY_BENCH = {"b.trm_sudoku": "trm_sudoku_tiny", "c.gpt2_124m": "gpt_shakespeare_char_tiny"}
+DRY_CONFIG = {"trm_sudoku": "trm_sudoku_tiny", "gpt2_124m": "gpt_shakespeare_char_tiny"}
 DRY_TARGET_VAL_LOSS = 3.3  # gpt_shakespeare_char_tiny: 3.08 at step 20 on tiny-shakespeare
 DRY_EVAL_INTERVAL = 20
+# nanoGPT README's CPU recipe, shortened to the dry run's size (bench/curves.py has the full one)
+DRY_NANOGPT_ARGS = (
+    "--device=cpu",
+    "--compile=False",
+    "--eval_iters=5",
+    f"--eval_interval={DRY_EVAL_INTERVAL}",
+    "--warmup_iters=20",  # as gpt_shakespeare_char_tiny (config/train_shakespeare_char.py: 100)
+    "--log_interval=10",
+    "--block_size=64",
+    "--batch_size=12",
+    "--n_layer=4",
+    "--n_head=4",
+    "--n_embd=128",
+    "--max_iters=300",
+    "--lr_decay_iters=300",
+    "--dropout=0.0",
+)
 
 TRAINER_QUIET = (
     "logging.wandb=disabled",
@@ -386,7 +420,7 @@ class BenchPart(Part):
     def command(self, ctx):
         shutil.rmtree(self.out_dir(ctx), ignore_errors=True)
         if ctx.dry_run:
-            args = ["--device", "cpu", "--configs", DRY_BENCH[self.key], "--impls", "jax,torch_eager",
+            args = ["--device", "cpu", "--configs", DRY_CONFIG[self.config], "--impls", "jax,torch_eager",
                     "--steps", "2", "--warmup", "0", "--inner", "1", "--peak-flops", "1e11"]  # fmt: skip
         else:
             args = ["--device", "gpu", "--configs", self.config]
@@ -464,20 +498,15 @@ class TargetRun(Part):
 
 
 class JaxTargetRun(TargetRun, TrainerRun):
-    """e: gpt_shakespeare_char to the target, with the compilation cache in WORK/xla-cache: the
-    cold run fills it, the warm run (a second process, as a rerun would be) starts from it."""
-
-    def __init__(self, step, name):
-        TargetRun.__init__(self, step, name)
-        self.needs = ("e.jax_cold",) if name == "jax_warm" else ()
+    """e: gpt_shakespeare_char to the target from a cold start: the persistent compilation cache
+    in WORK/xla-cache emptied first, so start-up and every compile count, as for a first run."""
 
     def command(self, ctx):
         self.experiment = "gpt_shakespeare_char_tiny" if ctx.dry_run else "gpt_shakespeare_char"
         if ctx.dry_run:
             self.target = DRY_TARGET_VAL_LOSS
         self._metrics = self.run_dir(ctx) / "metrics.jsonl"
-        if self.name == "jax_cold":
-            shutil.rmtree(ctx.work / "xla-cache", ignore_errors=True)
+        shutil.rmtree(ctx.work / "xla-cache", ignore_errors=True)
         cmd = TrainerRun.command(self, ctx)
         return [c for c in cmd if c != "run.compilation_cache_dir=null"]  # TRAINER_QUIET's
 
@@ -502,9 +531,49 @@ class JaxTargetRun(TargetRun, TrainerRun):
         return {**TargetRun.result(self, ctx, rc, ended), **self.trainer_facts(ctx)}
 
 
+_NANOGPT_EVAL = re.compile(r"^step (\d+): train loss ([\d.]+), val loss ([\d.]+)")
+
+
+class NanoGPTTargetRun(TargetRun):
+    """e: nanoGPT's own train.py (config/train_shakespeare_char.py as it is; torch.compile on, as
+    the recipe has it) to the same target on the same GPU and data, from a cold start."""
+
+    def __init__(self, step):
+        super().__init__(step, "upstream")
+
+    def src(self, ctx) -> Path:
+        return ctx.asset("upstream", "nanoGPT")
+
+    def missing(self, ctx):
+        if not (self.src(ctx) / "train.py").exists():
+            return f"{self.src(ctx)}/train.py (bash bench/gpu_prepare.sh --nanogpt SRC)"
+        return super().missing(ctx)
+
+    def env(self, ctx):
+        # cold, as the JAX run: inductor and triton otherwise reuse kernels from earlier runs
+        fresh = ctx.work / "e-inductor-cache"
+        shutil.rmtree(fresh, ignore_errors=True)
+        return {**super().env(ctx), "TORCHINDUCTOR_CACHE_DIR": str(fresh),
+                "TRITON_CACHE_DIR": str(fresh / "triton")}  # fmt: skip
+
+    def command(self, ctx):
+        if ctx.dry_run:
+            self.target = DRY_TARGET_VAL_LOSS
+        out = ctx.work / "e-nanogpt"
+        shutil.rmtree(out, ignore_errors=True)
+        args = DRY_NANOGPT_ARGS if ctx.dry_run else ()  # on a GPU: the config file's own settings
+        return _py(ctx, "-m", "bench.upstream_runs", "nanogpt", "--src", self.src(ctx),
+                   "--data", ctx.asset("data", "shakespeare_char"), "--seed", 1337, "--out", out,
+                   "--", *args, f"--out_dir={out / 'out'}")  # fmt: skip
+
+    def watch(self, t, line):
+        m = _NANOGPT_EVAL.match(line)
+        return bool(m) and self.add_eval(t, int(m.group(1)), float(m.group(3)))
+
+
 class TrainerVsBarePart(Part):
-    """b, c: `python -m bench trainer` on trm_sudoku (trm_sudoku_tiny in a dry run) with the
-    Sudoku set b.data built, for one step variant (TRAINER_VARIANTS)."""
+    """b: `python -m bench trainer` on trm_sudoku (trm_sudoku_tiny in a dry run) with the Sudoku
+    set b.data built: the trainer's loop against its bare jitted step."""
 
     needs = ("b.data",)
 
@@ -515,8 +584,7 @@ class TrainerVsBarePart(Part):
         experiment = "trm_sudoku_tiny" if ctx.dry_run else "trm_sudoku"
         warmup, steps = (1, 4) if ctx.dry_run else TRAINER_STEPS
         return _py(ctx, "-m", "bench", "trainer", f"+experiment={experiment}",
-                   f"data.path={ctx.work / SUDOKU_DIR}", *TRAINER_VARIANTS[self.key],
-                   "--steps", steps, "--warmup", warmup)  # fmt: skip
+                   f"data.path={ctx.work / SUDOKU_DIR}", "--steps", steps, "--warmup", warmup)  # fmt: skip
 
     def result(self, ctx, rc, ended):
         for _, line in reversed(self.lines):
@@ -562,118 +630,149 @@ class SudokuDataPart(Part):
         return f"{tr.get('examples')} train examples in {r.get('seconds', 0):.1f} s"
 
 
-class Throughput:
-    """Steps/s from (seconds, step) pairs logged while a run goes on, past its first logged point
-    (which still carries the compile), and the paper run's projected wall time."""
+class _StepPart(Part):
+    """A part on one bench config (its CPU stand-in in a dry run); a TRM config is fed batches of
+    the Sudoku set b.data built and shares the TRM parts' compilation cache."""
 
-    def __init__(self):
-        self.points: list[tuple[float, int]] = []
+    def __init__(self, step, name, config):
+        super().__init__(step, name)
+        self.config = config
+        self.needs = ("b.data",) if config.startswith("trm") else ()
 
-    def add(self, t: float, step: int) -> None:
-        if not self.points or step > self.points[-1][1]:
-            self.points.append((t, step))
+    def config_for(self, ctx) -> str:
+        return DRY_CONFIG[self.config] if ctx.dry_run else self.config
 
-    def summary(self, startup_s: float | None) -> dict:
-        out = {"points": [[round(t, 2), s] for t, s in self.points]}
-        if len(self.points) >= 3:
-            (t0, s0), (t1, s1) = self.points[1], self.points[-1]
-            if t1 > t0:
-                sps = (s1 - s0) / (t1 - t0)
-                out["steps_per_s"] = sps
-                out["measured_steps"] = s1 - s0
-                out["measured_s"] = round(t1 - t0, 2)
-                start = startup_s if startup_s is not None else self.points[0][0]
-                out["paper_steps"] = PAPER_TRM_STEPS
-                out["projected_h"] = (PAPER_TRM_STEPS / sps + start) / 3600
-        return out
+    def data_args(self, ctx, flag: str) -> list:
+        return [flag, ctx.work / SUDOKU_DIR] if self.needs else []
 
+    def device(self, ctx) -> str:
+        return "cpu" if ctx.dry_run else "gpu"
 
-def _throughput_headline(r: dict) -> str:
-    if "steps_per_s" not in r:
-        return f"too few logged steps ({len(r.get('points', []))} points)"
-    return (f"{r['steps_per_s']:.2f} steps/s over {r['measured_steps']} steps; "
-            f"{r['paper_steps']} steps ~ {r['projected_h']:.1f} h")  # fmt: skip
+    def env(self, ctx):
+        env = super().env(ctx)
+        if self.needs:
+            env["JAX_COMPILATION_CACHE_DIR"] = str(ctx.work / TRM_CACHE)
+        return env
 
 
-_UPSTREAM_STEP = re.compile(r"^train step (\d+)")
+_PROFILE_HEAD = re.compile(r"^(\S+)(?: (\w+))?: ([\d.]+) ms per step \(traced")
+_PROFILE_ROW = re.compile(r"^\s*([\d.]+)\s+(\d+)\s+(\S.*)$")
 
 
-class UpstreamThroughputPart(Part):
-    ok_at_box = True
-    needs = ("b.data",)
+class ProfilePart(_StepPart):
+    """c: `python -m bench.profile CONFIG --impl IMPL`: where one side's step spends its time,
+    per XLA op (JAX, command buffers off) or per CUDA kernel (torch.profiler)."""
 
-    def __init__(self, step):
-        super().__init__(step, "upstream")
-        self.tp = Throughput()
-
-    def srcs(self, ctx) -> tuple[Path, Path]:
-        return ctx.asset("upstream", "TinyRecursiveModels"), ctx.asset("upstream", "adam-atan2")
-
-    def missing(self, ctx):
-        import importlib.util
-
-        from parity.goldens.trm_pretrain import GOLDENS_EXTRA
-
-        trm, adam = self.srcs(ctx)
-        for f in (trm / "pretrain.py", adam / "adam_atan2" / "adam_atan2.py"):
-            if not f.exists():
-                return f"{f} (bash bench/gpu_prepare.sh --trm SRC --adam-atan2 SRC)"
-        absent = [m for m in GOLDENS_EXTRA if importlib.util.find_spec(m) is None]
-        if absent:
-            return f"modules {', '.join(absent)} (what pretrain.py imports; .whl carries them)"
-        return None
+    def __init__(self, step, config, impl):
+        super().__init__(step, f"{config}_{impl}", config)
+        self.impl = impl
 
     def command(self, ctx):
-        trm, adam = self.srcs(ctx)
-        experiment = "trm_sudoku_tiny" if ctx.dry_run else "trm_sudoku"
-        out = ctx.work / "d-upstream"
-        shutil.rmtree(out, ignore_errors=True)
-        return _py(ctx, "-m", "bench.upstream_runs", "trm", "--src", trm, "--adam-atan2-src", adam,
-                   "--data", ctx.work / SUDOKU_DIR, "--seed", 0, "--out", out,
-                   "--device", "cpu" if ctx.dry_run else "cuda", "--log-every", 1, "--",
-                   *upstream_overrides(experiment))  # fmt: skip
+        return _py(ctx, "-m", "bench.profile", self.config_for(ctx), "--impl", self.impl,
+                   "--device", self.device(ctx), "--steps", 1 if ctx.dry_run else PROFILE_STEPS,
+                   "--top", 40, *self.data_args(ctx, "--data-path"))  # fmt: skip
+
+    def result(self, ctx, rc, ended):
+        out: dict = {"impl": self.impl, "rows": []}
+        for _, line in self.lines:
+            if m := _PROFILE_HEAD.match(line):
+                out["traced_ms_per_step"] = float(m.group(3))
+                out["head"] = line
+            elif "head" in out and (m := _PROFILE_ROW.match(line)):
+                out["rows"].append([m.group(3), float(m.group(1)), int(m.group(2))])
+        return out if "head" in out else {}
+
+    def headline(self, r):
+        top = ", ".join(f"{name[:40]} {ms:.1f}" for name, ms, _ in r.get("rows", [])[:3])
+        return f"{self.impl} {r['traced_ms_per_step']:.1f} ms per step traced; top ms: {top}"
+
+
+class VariantsPart(_StepPart):
+    """d: `python -m bench.variants CONFIG --variant ...`: the default JAX step and each variant
+    of VARIANTS, interleaved in one process on the same batch."""
+
+    def __init__(self, step, config):
+        super().__init__(step, f"{config}_variants", config)
+
+    def out_file(self, ctx) -> Path:
+        return ctx.work / f"{self.key}.json"
+
+    def command(self, ctx):
+        self.out_file(ctx).unlink(missing_ok=True)
+        variants = [a for v in VARIANTS[self.config] for a in ("--variant", v)]
+        return _py(ctx, "-m", "bench.variants", self.config_for(ctx), "--device",
+                   self.device(ctx), "--steps", 3 if ctx.dry_run else VARIANT_STEPS, *variants,
+                   *self.data_args(ctx, "--data-path"), "--out", self.out_file(ctx))  # fmt: skip
+
+    def result(self, ctx, rc, ended):
+        if not self.out_file(ctx).exists():
+            return {}
+        return json.loads(self.out_file(ctx).read_text())
+
+    def headline(self, r):
+        bits = []
+        for row in r.get("rows", []):
+            name = ",".join(f"{k}={v}" for k, v in row["overrides"].items()) or "default"
+            bits.append(f"{name} {1e3 * row['step_time_s']['median']:.1f} ms "
+                        f"(x{row['ratio_to_baseline']['median']:.3f})")  # fmt: skip
+        return "; ".join(bits)
+
+
+class FlagsPart(_StepPart):
+    """d: `python -m bench.variants CONFIG --flags NAME=XLA_FLAGS ...`: each flag set of FLAG_SETS
+    in its own process, base runs before and after; a set's record is kept as soon as it ends."""
+
+    def __init__(self, step, config):
+        super().__init__(step, f"{config}_flags", config)
+        self.sets: list[dict] = []
+
+    def command(self, ctx):
+        flags = [a for f in FLAG_SETS[self.config] for a in ("--flags", f)]
+        return _py(ctx, "-m", "bench.variants", self.config_for(ctx), "--device",
+                   self.device(ctx), "--steps", 3 if ctx.dry_run else VARIANT_STEPS, *flags,
+                   *self.data_args(ctx, "--data-path"))  # fmt: skip
 
     def watch(self, t, line):
-        m = _UPSTREAM_STEP.match(line)
-        if m:
-            self.tp.add(t, int(m.group(1)))
+        if line.startswith("FLAGS {"):
+            self.sets.append(json.loads(line[len("FLAGS ") :]))
         return False
 
     def result(self, ctx, rc, ended):
-        return {"settings": "pretrain.py eager (DISABLE_COMPILE), AdamATan2 through its "
-                "pure-PyTorch reference (parity/goldens/trm_pretrain.py)",
-                **self.tp.summary(None)}  # fmt: skip
+        base = [r["step_time_s"]["median"] for r in self.sets
+                if r["name"] == "base" and "step_time_s" in r]  # fmt: skip
+        out = {"sets": self.sets, "base_ms": 1e3 * statistics.fmean(base) if base else None}
+        for r in self.sets:
+            if base and "step_time_s" in r:
+                r["ratio_to_base"] = r["step_time_s"]["median"] / statistics.fmean(base)
+        return out
 
     def headline(self, r):
-        return _throughput_headline(r)
-
-
-def upstream_overrides(experiment: str) -> list[str]:
-    """Upstream pretrain.py's Hydra overrides for one of our TRM experiments (bench/curves.py)."""
-    from omegaconf import OmegaConf
-
-    from bench.curves import upstream_trm_overrides
-    from train.compose import load_config
-
-    cfg = OmegaConf.to_container(load_config([f"+experiment={experiment}"]), resolve=True)
-    return upstream_trm_overrides(cfg)
+        bits = [f"base {r['base_ms']:.1f} ms" if r.get("base_ms") else "no base run"]
+        for s in r.get("sets", []):
+            if s["name"] != "base":
+                bits.append(f"{s['name']} x{s['ratio_to_base']:.3f}" if "ratio_to_base" in s
+                            else f"{s['name']} rc {s['returncode']}")  # fmt: skip
+        return "; ".join(bits)
 
 
 def plan() -> list[Part]:
-    """Every part, in the order they run."""
+    """Every part, in the order they run (by priority: what answers the open questions first)."""
     return [
         EnvPart("a", "env"),
         SudokuDataPart("b", "data"),
         TrainerVsBarePart("b", "trainer"),
-        TrainerVsBarePart("b", "trainer_scatter_bf16"),
-        BenchPart("b", "trm_sudoku"),
-        TrainerVsBarePart("c", "trainer_scatter_f32"),
-        UpstreamThroughputPart("d"),
-        BenchPart("c", "gpt2_124m"),
-        TrainerVsBarePart("c", "trainer_sparse"),
-        PytestPart("a", "pytest"),
+        ProfilePart("c", "trm_sudoku", "jax"),
+        ProfilePart("c", "trm_sudoku", "torch_compile"),
+        ProfilePart("c", "gpt2_124m", "jax"),
+        ProfilePart("c", "gpt2_124m", "torch_compile"),
+        FlagsPart("d", "trm_sudoku"),
+        VariantsPart("d", "gpt2_124m"),
+        FlagsPart("d", "gpt2_124m"),
+        VariantsPart("d", "trm_sudoku"),
         JaxTargetRun("e", "jax_cold"),
-        JaxTargetRun("e", "jax_warm"),
+        NanoGPTTargetRun("e"),
+        PytestPart("a", "pytest"),
+        BenchPart("b", "trm_sudoku"),
     ]
 
 
@@ -827,6 +926,26 @@ def _parse_boxes(items: list[str]) -> dict:
     return out
 
 
+def select_parts(parts: list[Part], steps: list[str], keys: str | None) -> list[Part]:
+    """The plan's parts of `steps`, or (`keys`) the named ones with every part they need, in plan
+    order. An unknown key is an error naming the plan's keys."""
+    if keys is None:
+        return [part for part in parts if part.step in steps]
+    by_key = {part.key: part for part in parts}
+    wanted = [k for k in keys.split(",") if k]
+    unknown = [k for k in wanted if k not in by_key]
+    if unknown:
+        raise SystemExit(f"bench gpu: --parts: unknown {', '.join(unknown)}; the plan's parts: "
+                         + ", ".join(by_key))  # fmt: skip
+    chosen, todo = set(), list(wanted)
+    while todo:
+        key = todo.pop()
+        if key not in chosen:
+            chosen.add(key)
+            todo.extend(by_key[key].needs)
+    return [part for part in parts if part.key in chosen]
+
+
 def run_session(argv: list[str]) -> list[dict]:
     p = argparse.ArgumentParser(prog="python -m bench gpu", description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT") or "bench_out/gpu",
@@ -834,7 +953,10 @@ def run_session(argv: list[str]) -> list[dict]:
     p.add_argument("--work", default=None, help="scratch: runs, data, bench folders (default "
                    "/tmp/bench-gpu-work, or OUT/../work in a dry run)")  # fmt: skip
     p.add_argument("--assets", default=str(REPO / ".gpu"), help="prepared inputs (default .gpu)")
-    p.add_argument("--steps", default=",".join(STEPS), help="which of a,b,c,d (in plan order)")
+    p.add_argument("--steps", default=",".join(STEPS), help="which of a,b,c,d,e (in plan order)")
+    p.add_argument("--parts", default=None, metavar="KEY,KEY",
+                   help="only these parts (e.g. a second call's d.trm_sudoku_variants,e.jax_cold), "
+                   "with the parts they need")  # fmt: skip
     p.add_argument("--budget-s", type=float, default=None, help="the whole plan's seconds")
     p.add_argument("--box", action="append", default=[], metavar="PART=S", help="a part's box")
     p.add_argument("--cap", action="append", default=[], metavar="STEP=S", help="a step's cap")
@@ -843,7 +965,7 @@ def run_session(argv: list[str]) -> list[dict]:
     steps = [s for s in a.steps.split(",") if s]
     for s in steps:
         if s not in STEPS:
-            raise SystemExit(f"bench gpu: --steps: unknown step {s!r}; expected some of a,b,c,d")
+            raise SystemExit(f"bench gpu: --steps: unknown step {s!r}; expected some of a,b,c,d,e")
     out = Path(a.out).resolve()
     default_work = out.parent / f"{out.name}-work" if a.dry_run else Path("/tmp/bench-gpu-work")
     ctx = Ctx(out=out, work=Path(a.work or default_work).resolve(),
@@ -858,7 +980,7 @@ def run_session(argv: list[str]) -> list[dict]:
               "assets": str(ctx.assets), "work": str(ctx.work),
               "upstream_commits": "; ".join(commits.read_text().split("\n")).strip("; ")
               if commits.exists() else None}  # fmt: skip
-    parts = [part for part in plan() if part.step in steps]
+    parts = select_parts(plan(), steps, a.parts)
     # stopped from outside: end the part in flight (run_boxed's finally) and exit
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     session = Session(ctx, budget_s=budget, boxes=boxes, caps=caps)

@@ -155,6 +155,25 @@ def _dry_run(tmp_path, *args, upstream: dict | None = None) -> tuple[Path, list[
     return assets, parts, wall
 
 
+def _check_step_part(key: str, res: dict) -> None:
+    """What a c (profile) or d (variants, flags) part that ended ok measured."""
+    if key.startswith("c."):  # a per-op table of the step it names
+        assert key.endswith(res["impl"]) and res["traced_ms_per_step"] > 0, res
+        assert len(res["rows"]) >= 3 and all(ms >= 0 for _, ms, _ in res["rows"]), res
+    elif key.endswith("_variants"):  # the default, then each variant, on one batch
+        config = key[2 : -len("_variants")]
+        rows = res["rows"]
+        assert res["config"] == gpu.DRY_CONFIG[config]
+        assert [r["overrides"] for r in rows][0] == {}
+        assert len(rows) == 1 + len(gpu.VARIANTS[config])
+        assert all(r["step_time_s"]["median"] > 0 for r in rows)
+    elif key.endswith("_flags"):  # base, each set, base: every flag parses in this XLA
+        config = key[2 : -len("_flags")]
+        names = [f.split("=", 1)[0] for f in gpu.FLAG_SETS[config]]
+        assert [r["name"] for r in res["sets"]] == ["base", *names, "base"], res
+        assert all(r["returncode"] == 0 and r["ratio_to_base"] > 0 for r in res["sets"]), res
+
+
 def _check_measured(by: dict) -> None:
     """What each part that ended ok measured."""
     env_rec = by["a.env"]
@@ -165,31 +184,28 @@ def _check_measured(by: dict) -> None:
         assert "tests/test_gpt_attention_impl.py" in by["a.pytest"]["result"]["files"]
     if by["b.data"]["status"] == "ok":
         assert by["b.data"]["result"]["train"]["examples"] == 20 * 3  # 2 augmentations each
-    for key, overrides in gpu.TRAINER_VARIANTS.items():
-        if by[key]["status"] == "ok":
-            res = by[key]["result"]
-            assert res["overrides"][2:] == list(overrides), res
-            assert res["trainer_s_per_step"] > 0 and res["bare_s_per_step"] > 0
-            assert res["trainer_over_bare"] == res["trainer_s_per_step"] / res["bare_s_per_step"]
-            assert "sudoku-extreme-1k" in res["batch_source"], res["batch_source"]
-    for key in ("b.trm_sudoku", "c.gpt2_124m"):
-        if by[key]["status"] == "ok":
-            impls = {row["impl"] for row in by[key]["result"]["table"] if "impl" in row}
-            assert impls == {"jax", "torch_eager"}
-            result = by[key]["result"]["bench"]["results"][0]
-            assert result["config"] == gpu.DRY_BENCH[key]
-            if key == "b.trm_sudoku":  # fed the Sudoku set b.data built, both sides
-                sources = {v["info"]["batch_source"] for v in result["impls"].values()}
-                assert len(sources) == 1 and "sudoku-extreme-1k" in sources.pop(), result
-    for key in ("e.jax_cold", "e.jax_warm"):
+    if by["b.trainer"]["status"] == "ok":
+        res = by["b.trainer"]["result"]
+        assert res["trainer_s_per_step"] > 0 and res["bare_s_per_step"] > 0
+        assert res["trainer_over_bare"] == res["trainer_s_per_step"] / res["bare_s_per_step"]
+        assert "sudoku-extreme-1k" in res["batch_source"], res["batch_source"]
+    for key, rec in by.items():
+        if rec["status"] == "ok":
+            _check_step_part(key, rec["result"])
+    if by["b.trm_sudoku"]["status"] == "ok":
+        impls = {row["impl"] for row in by["b.trm_sudoku"]["result"]["table"] if "impl" in row}
+        assert impls == {"jax", "torch_eager"}
+        result = by["b.trm_sudoku"]["result"]["bench"]["results"][0]
+        assert result["config"] == gpu.DRY_CONFIG["trm_sudoku"]
+        # fed the Sudoku set b.data built, both sides
+        sources = {v["info"]["batch_source"] for v in result["impls"].values()}
+        assert len(sources) == 1 and "sudoku-extreme-1k" in sources.pop(), result
+    for key in ("e.jax_cold", "e.upstream"):
         if by[key]["status"] == "ok":  # stopped at its first evaluation under the target
             res = by[key]["result"]
             assert by[key]["ended"] == "stopped" and res["reached"]
             values = [e["value"] for e in res["evals"]]
             assert values[-1] <= gpu.DRY_TARGET_VAL_LOSS < min(values[:-1], default=99.0)
-    if "steps_per_s" in by["d.upstream"]["result"]:
-        assert by["d.upstream"]["result"]["steps_per_s"] > 0
-        assert by["d.upstream"]["result"]["projected_h"] > 0
 
 
 @pytest.mark.slow  # ~2.5 min of one worker: the whole dry run, to its budget
@@ -199,8 +215,8 @@ def test_dry_run_runs_every_part_within_the_budget(tmp_path):
     assert wall < gpu.DRY_BUDGET_S + 30
     by = {r["part"]: r for r in parts}
     # no checkouts here: skipped, naming the file (or out of time, on a busy machine)
-    if by["d.upstream"]["status"] == "skipped" and "no time" not in by["d.upstream"]["reason"]:
-        assert by["d.upstream"]["reason"].startswith(f"missing {assets / 'upstream'}")
+    if by["e.upstream"]["status"] == "skipped" and "no time" not in by["e.upstream"]["reason"]:
+        assert by["e.upstream"]["reason"].startswith(f"missing {assets / 'upstream'}")
     assert by["a.env"]["status"] == "ok" and by["b.data"]["status"] == "ok"
     _check_measured(by)
 
@@ -208,26 +224,47 @@ def test_dry_run_runs_every_part_within_the_budget(tmp_path):
 @pytest.mark.slow
 def test_dry_run_every_part_ends_ok_given_the_time(tmp_path):
     """Boxes large enough for a busy 2-core machine: every part ends ok with what it measured.
-    The upstream part runs when TRM_GOLDENS_TRM_SRC and TRM_GOLDENS_ADAM_ATAN2_SRC name
-    checkouts (and pretrain.py's imports are installed: the goldens extra), else it is skipped,
-    naming what is missing. The warm run reaches its first step sooner than the cold one."""
-    names = {"TinyRecursiveModels": "TRM", "adam-atan2": "ADAM_ATAN2"}
-    upstream = {
-        n: os.environ[f"TRM_GOLDENS_{v}_SRC"]
-        for n, v in names.items()
-        if os.environ.get(f"TRM_GOLDENS_{v}_SRC")
-    }
-    boxes = {key: 300 for key in gpu.DRY_BOXES} | {"a.env": 60, "b.data": 60, "d.upstream": 120}
-    args = ["--budget-s", "3000", "--cap", "a=700", "--cap", "b=1500"]
+    nanoGPT's train.py runs when TRM_GOLDENS_NANOGPT_SRC names a checkout, else its part is
+    skipped, naming what is missing."""
+    src = os.environ.get("TRM_GOLDENS_NANOGPT_SRC")
+    upstream = {"nanoGPT": src} if src else {}
+    boxes = {key: 300 for key in gpu.DRY_BOXES} | {"a.env": 60, "b.data": 60}
+    args = ["--budget-s", "3000", "--cap", "a=700"]
     args += [f"--box={k}={v}" for k, v in boxes.items()]
     _, parts, _ = _dry_run(tmp_path, *args, upstream=upstream)
     by = {r["part"]: r for r in parts}
     for r in parts:
-        if r["part"] == "d.upstream" and r["status"] == "skipped":
-            assert r["reason"].startswith("missing "), r
+        if r["part"] == "e.upstream" and r["status"] == "skipped":
+            assert not src and r["reason"].startswith("missing "), r
         else:
             assert r["status"] == "ok", r
-    assert by["e.jax_warm"]["ended"] == "stopped"
-    cold, warm = (by[f"e.jax_{k}"]["result"]["first_step_s"] for k in ("cold", "warm"))
-    assert warm < cold, (cold, warm)
     _check_measured(by)
+
+
+def test_parts_selects_the_named_parts_and_what_they_need():
+    """`--parts` (a second call's rest of the plan): the named parts with the parts they need, in
+    plan order; an unknown name is one line naming the plan's parts."""
+    keys = [p.key for p in gpu.select_parts(gpu.plan(), [], "d.trm_sudoku_variants,e.jax_cold")]
+    assert keys == ["b.data", "d.trm_sudoku_variants", "e.jax_cold"]
+    with pytest.raises(SystemExit, match="unknown d.nope; the plan's parts: a.env, b.data"):
+        gpu.select_parts(gpu.plan(), [], "d.nope")
+    assert [p.key for p in gpu.select_parts(gpu.plan(), ["e"], None)] == [
+        "e.jax_cold",
+        "e.upstream",
+    ]
+
+
+def test_the_documented_plan_is_the_plan():
+    """docs/benchmarks.md "What a GPU session runs": its table lists plan()'s parts in plan order,
+    each with its GPU box."""
+    text = (REPO / "docs" / "benchmarks.md").read_text()
+    section = text[text.index("### What a GPU session runs") :]
+    section = section[: section.index("\n### ", 1)] if "\n### " in section[1:] else section
+    keys, boxes = [], []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 5 and re.fullmatch(r"[\d, ]+", cells[0]):
+            keys += re.findall(r"`([a-e]\.\w+)`", cells[1])
+            boxes += [float(b) for b in cells[2].split(",")]
+    assert keys == [p.key for p in gpu.plan()]
+    assert boxes == [gpu.GPU_BOXES[k] for k in keys]
