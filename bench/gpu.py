@@ -77,7 +77,7 @@ TRM_CACHE = "xla-cache-trm"
 # (`bench.variants --flags`, base runs before and after)
 VARIANTS = {
     "gpt2_124m": ("optim.adamw_flat=true", "attention_impl=xla"),
-    "trm_sudoku": ("loss_dtype=float32", "scan=true"),
+    "trm_sudoku": ("split_gate_up=true", "loss_dtype=float32"),
 }
 NO_TRITON_GEMM = "no_triton_gemm=--xla_gpu_enable_triton_gemm=false"
 NO_COMMAND_BUFFER = "no_command_buffer=--xla_gpu_enable_command_buffer="
@@ -101,10 +101,10 @@ GPU_BOXES = {
     "c.trm_sudoku_torch_compile": 120,
     "c.gpt2_124m_jax": 60,
     "c.gpt2_124m_torch_compile": 80,
+    "d.trm_sudoku_flags": 150,
+    "d.trm_sudoku_variants": 130,
     "d.gpt2_124m_variants": 100,
     "d.gpt2_124m_flags": 150,
-    "d.trm_sudoku_flags": 150,
-    "d.trm_sudoku_variants": 100,
     "e.jax_cold": 90,
     "e.upstream": 90,
     "a.pytest": 60,
@@ -120,10 +120,10 @@ DRY_BOXES = {
     "c.trm_sudoku_torch_compile": 30,
     "c.gpt2_124m_jax": 15,
     "c.gpt2_124m_torch_compile": 30,
-    "d.gpt2_124m_variants": 20,
-    "d.gpt2_124m_flags": 30,
     "d.trm_sudoku_flags": 30,
     "d.trm_sudoku_variants": 20,
+    "d.gpt2_124m_variants": 20,
+    "d.gpt2_124m_flags": 30,
     "e.jax_cold": 20,
     "e.upstream": 20,
     "a.pytest": 20,
@@ -766,9 +766,9 @@ def plan() -> list[Part]:
         ProfilePart("c", "gpt2_124m", "jax"),
         ProfilePart("c", "gpt2_124m", "torch_compile"),
         FlagsPart("d", "trm_sudoku"),
+        VariantsPart("d", "trm_sudoku"),
         VariantsPart("d", "gpt2_124m"),
         FlagsPart("d", "gpt2_124m"),
-        VariantsPart("d", "trm_sudoku"),
         JaxTargetRun("e", "jax_cold"),
         NanoGPTTargetRun("e"),
         PytestPart("a", "pytest"),

@@ -1,6 +1,6 @@
-"""`remat` (jax.checkpoint around every block, with a `remat_policy`) and `scan` (lax.scan over the
-L cycles) are pure implementation choices: outputs, carry and gradients must equal the unrolled
-model's."""
+"""`remat` (jax.checkpoint around every block, with a `remat_policy`), `scan` (lax.scan over the
+L cycles) and `split_gate_up` (SwiGLU's gate and up as two matmuls) are pure implementation
+choices: outputs, carry and gradients must equal the unrolled model's."""
 
 import dataclasses
 
@@ -69,6 +69,8 @@ def _value_and_grads(cfg, batch):
 CASES = [
     pytest.param("att", "remat+scan", id="att-remat+scan"),
     pytest.param("mlp_t", "remat+dots_saveable", id="mlp_t-remat-dots_saveable"),
+    pytest.param("mlp_t", "split_gate_up", id="mlp_t-split_gate_up"),
+    pytest.param("att", "split_gate_up", id="att-split_gate_up", marks=pytest.mark.slow),
     pytest.param(
         "att",
         "remat+dots_with_no_batch_dims_saveable",
@@ -93,6 +95,7 @@ def test_option_equals_unrolled_float64(variant, option, x64):
         cfg,
         remat="remat" in option,
         scan="scan" in option,
+        split_gate_up="split_gate_up" in option,
         remat_policy=policy[0] if policy else cfg.remat_policy,
     )
     alt = _value_and_grads(alt_cfg, batch)
@@ -167,3 +170,25 @@ def test_remat_policy_decides_what_is_recomputed():
 def test_unknown_remat_policy_names_the_field():
     with pytest.raises(ValueError, match=r"TRMConfig.remat_policy='dots'.*nothing_saveable"):
         _cfg(remat=True, remat_policy="dots")
+
+
+def _swiglu_grad_concatenates(*overrides: str) -> int:
+    """Concatenates in the lowered real trm_sudoku step whose result is a SwiGLU's gate-and-up
+    activation (last axis 2 x its intermediate size): the backward of the split of one matmul."""
+    import re
+
+    from models.trm.layers import swiglu_intermediate
+    from tests.test_trm_scatter import _lowered_trm_sudoku_step
+
+    widths = {2 * swiglu_intermediate(n, 4) for n in (512, 81 + 16)}  # mlp, mlp_t
+    lowered = _lowered_trm_sudoku_step(*overrides)
+    shapes = re.findall(r"stablehlo\.concatenate .*?-> tensor<([\dx]+)x\w+>", lowered)
+    return sum(len(s.split("x")) == 3 and int(s.split("x")[-1]) in widths for s in shapes)
+
+
+def test_split_gate_up_leaves_no_gradient_concatenate():
+    """With model.split_gate_up the trm_sudoku step's backward copies no gate-and-up activation
+    into one (the default's backward has one such concatenate per SwiGLU call it differentiates);
+    what it costs or saves on a GPU is measured by `python -m bench gpu` (d.trm_sudoku_variants)."""
+    assert _swiglu_grad_concatenates() > 0  # the check sees the copies it guards against
+    assert _swiglu_grad_concatenates("model.split_gate_up=true") == 0

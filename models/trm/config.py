@@ -76,6 +76,9 @@ class TRMConfig:
     # One of EMBED_GRADS. "onehot": a one-hot matmul with float32 sums; "scatter_bf16" sums the
     # rows in the forward dtype, as a gather of the bf16-cast table differentiates
     embed_grad: str = "onehot"
+    # SwiGLU's gate and up as two matmuls on the halves of gate_up_proj's weight (same weights and
+    # values; the backward adds two products instead of concatenating the halves' gradients)
+    split_gate_up: bool = False
 
     def __post_init__(self):
         check_ranges(self)

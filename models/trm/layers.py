@@ -257,13 +257,22 @@ class Attention(nnx.Module):
 
 
 class SwiGLU(nnx.Module):
-    def __init__(self, hidden_size: int, expansion: float, *, rngs: nnx.Rngs):
+    def __init__(self, hidden_size: int, expansion: float, *, split: bool = False, rngs: nnx.Rngs):
         inter = swiglu_intermediate(hidden_size, expansion)  # upstream's _find_multiple rule
         self.gate_up_proj = CastedLinear(hidden_size, inter * 2, bias=False, rngs=rngs)
         self.down_proj = CastedLinear(inter, hidden_size, bias=False, rngs=rngs)
+        self.split = split  # TRMConfig.split_gate_up
 
     def __call__(self, x):
-        gate, up = jnp.split(self.gate_up_proj(x), 2, axis=-1)  # first half is the gate
+        if self.split:
+            # Ours: two matmuls on the halves of gate_up_proj's weight. The one matmul's backward
+            # concatenates the halves' gradients, a copy of a whole activation per call; here the
+            # backward adds two products instead. The same values (tests/test_trm_remat_scan.py).
+            w = self.gate_up_proj.weight[...].astype(x.dtype)
+            inter = w.shape[0] // 2
+            gate, up = jnp.matmul(x, w[:inter].T), jnp.matmul(x, w[inter:].T)
+        else:
+            gate, up = jnp.split(self.gate_up_proj(x), 2, axis=-1)  # first half is the gate
         # silu rounded once to the input dtype, as torch's fused F.silu (not x*sigmoid(x) in bf16)
         act = jax.nn.silu(gate.astype(compute_dtype(gate.dtype))).astype(gate.dtype)
         return self.down_proj(act * up)

@@ -40,7 +40,9 @@ class Block(nnx.Module):
         # config.block_mlp_t: mlp_t, except for the transformers_baseline (attention blocks only)
         self.use_mlp_t = config.block_mlp_t
         if self.use_mlp_t:
-            self.mlp_t = SwiGLU(config.total_len, config.expansion, rngs=rngs)
+            self.mlp_t = SwiGLU(
+                config.total_len, config.expansion, split=config.split_gate_up, rngs=rngs
+            )
         else:
             self.self_attn = Attention(
                 config.hidden_size,
@@ -49,7 +51,9 @@ class Block(nnx.Module):
                 attention_impl=config.attention_impl,
                 rngs=rngs,
             )
-        self.mlp = SwiGLU(config.hidden_size, config.expansion, rngs=rngs)
+        self.mlp = SwiGLU(
+            config.hidden_size, config.expansion, split=config.split_gate_up, rngs=rngs
+        )
         self.norm_eps = config.rms_norm_eps
         self.remat, self.remat_policy = config.remat, config.remat_policy  # ours, not upstream
 
