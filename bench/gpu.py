@@ -26,8 +26,8 @@ the whole budget (--budget-s). When a part ends (exit, a target reached, its box
 one JSON line goes to OUT/results.jsonl (status ok | failed | timeout | skipped, exit code,
 seconds, box, command, what it measured), its output has already gone to OUT/<step>.log line by
 line, and OUT/summary.md is rewritten. A timeout, of a part or of the whole call, keeps everything
-done before it; the next part runs whatever the last one did. OUT gets 7 files (results.jsonl,
-summary.md, a.log .. e.log): a GPU loan brings back at most 8.
+done before it; the next part runs whatever the last one did. OUT gets 8 files (results.jsonl,
+summary.md, a.log .. e.log, hlo.tar with the JAX profiles' HLO): a GPU loan brings back at most 8.
 
 Inputs come from ASSETS (default `.gpu`, git-ignored; `bash bench/gpu_prepare.sh` fills it):
 upstream/{nanoGPT,TinyRecursiveModels,adam-atan2} (checkout files; upstream/COMMITS),
@@ -659,21 +659,50 @@ _PROFILE_HEAD = re.compile(r"^(\S+)(?: (\w+))?: ([\d.]+) ms per step \(traced")
 _PROFILE_ROW = re.compile(r"^\s*([\d.]+)\s+(\d+)\s+(\S.*)$")
 
 
+HLO_TAR = "hlo.tar"
+
+
 class ProfilePart(_StepPart):
     """c: `python -m bench.profile CONFIG --impl IMPL`: where one side's step spends its time,
-    per XLA op (JAX, command buffers off) or per CUDA kernel (torch.profiler)."""
+    per XLA op (JAX, command buffers off) or per CUDA kernel (torch.profiler). The JAX step's
+    optimised HLO (what each fusion computes, with the source line of each op) goes into
+    OUT/hlo.tar as `<part>.hlo.gz`: one file for every profile, within what a loan brings back."""
 
     def __init__(self, step, config, impl):
         super().__init__(step, f"{config}_{impl}", config)
         self.impl = impl
 
+    def hlo_file(self, ctx) -> Path:
+        return ctx.work / f"{self.key}.hlo"
+
     def command(self, ctx):
+        hlo = []
+        if self.impl == "jax":
+            self.hlo_file(ctx).unlink(missing_ok=True)
+            hlo = ["--hlo", self.hlo_file(ctx)]
         return _py(ctx, "-m", "bench.profile", self.config_for(ctx), "--impl", self.impl,
                    "--device", self.device(ctx), "--steps", 1 if ctx.dry_run else PROFILE_STEPS,
-                   "--top", 40, *self.data_args(ctx, "--data-path"))  # fmt: skip
+                   "--top", 40, *self.data_args(ctx, "--data-path"), *hlo)  # fmt: skip
+
+    def keep_hlo(self, ctx) -> str | None:
+        """Append the step's HLO, gzipped, to OUT/hlo.tar; -> its member name."""
+        import gzip
+        import io
+        import tarfile
+
+        if self.impl != "jax" or not self.hlo_file(ctx).exists():
+            return None
+        data = gzip.compress(self.hlo_file(ctx).read_bytes())
+        info = tarfile.TarInfo(f"{self.key}.hlo.gz")
+        info.size, info.mtime = len(data), int(time.time())
+        with tarfile.open(ctx.out / HLO_TAR, "a") as tar:
+            tar.addfile(info, io.BytesIO(data))
+        return info.name
 
     def result(self, ctx, rc, ended):
         out: dict = {"impl": self.impl, "rows": []}
+        if hlo := self.keep_hlo(ctx):
+            out["hlo"] = f"{HLO_TAR}:{hlo}"
         for _, line in self.lines:
             if m := _PROFILE_HEAD.match(line):
                 out["traced_ms_per_step"] = float(m.group(3))

@@ -150,6 +150,14 @@ def _dry_run(tmp_path, *args, upstream: dict | None = None) -> tuple[Path, list[
     files = sorted(p.name for p in out.iterdir())
     assert len(files) <= 8 and all(re.fullmatch(r"[A-Za-z0-9._-]+", f) for f in files), files
     assert all(p.is_file() for p in out.iterdir())
+    if (out / gpu.HLO_TAR).exists():  # each JAX profile's HLO, one gzipped member per part
+        import gzip
+        import tarfile
+
+        with tarfile.open(out / gpu.HLO_TAR) as tar:
+            members = {m.name: gzip.decompress(tar.extractfile(m).read()) for m in tar}
+        kept = {r["result"]["hlo"].split(":")[1] for r in parts if r["result"].get("hlo")}
+        assert set(members) == kept and all(b"HloModule" in v for v in members.values())
     summary = (out / gpu.SUMMARY).read_text()
     assert all(f"| {p.key} |" in summary for p in gpu.plan())
     return assets, parts, wall
@@ -157,9 +165,10 @@ def _dry_run(tmp_path, *args, upstream: dict | None = None) -> tuple[Path, list[
 
 def _check_step_part(key: str, res: dict) -> None:
     """What a c (profile) or d (variants, flags) part that ended ok measured."""
-    if key.startswith("c."):  # a per-op table of the step it names
+    if key.startswith("c."):  # a per-op table of the step it names (and the JAX step's HLO)
         assert key.endswith(res["impl"]) and res["traced_ms_per_step"] > 0, res
         assert len(res["rows"]) >= 3 and all(ms >= 0 for _, ms, _ in res["rows"]), res
+        assert ("hlo" in res) == (res["impl"] == "jax"), res
     elif key.endswith("_variants"):  # the default, then each variant, on one batch
         config = key[2 : -len("_variants")]
         rows = res["rows"]
