@@ -17,7 +17,9 @@ which is by priority (what answers the open questions first), not by step letter
   c  where the time goes: `bench.profile` of trm_sudoku (real batches) and gpt2_124m, the JAX step
      per XLA op and the torch.compile step per CUDA kernel
   d  what could close the gaps to torch.compile: JAX step variants behind config keys
-     (`bench.variants --variant`, VARIANTS) and XLA:GPU flag sets (`--flags`, FLAG_SETS)
+     (`bench.variants --variant`, VARIANTS) and XLA:GPU flag sets (`--flags`, FLAG_SETS); and
+     `bench.early_curve`: upstream's pretrain.py and our step, trm_sudoku's first 50 steps from
+     the same weights on the same batches, the losses side by side
   e  gpt_shakespeare_char to val loss <= 1.47 from a cold start, and nanoGPT's own train.py to the
      same target on the same GPU
 
@@ -89,6 +91,7 @@ FLAG_SETS = {
     ),
     "trm_sudoku": (NO_TRITON_GEMM, NO_COMMAND_BUFFER),
 }
+EARLY_CURVE_STEPS = 50
 VARIANT_STEPS = 20  # timed steps of each variant (and of each flag set's process)
 PROFILE_STEPS = 3
 
@@ -103,6 +106,7 @@ GPU_BOXES = {
     "c.gpt2_124m_torch_compile": 80,
     "d.trm_sudoku_flags": 150,
     "d.trm_sudoku_variants": 130,
+    "d.early_curve": 100,
     "d.gpt2_124m_variants": 100,
     "d.gpt2_124m_flags": 150,
     "e.jax_cold": 90,
@@ -122,6 +126,7 @@ DRY_BOXES = {
     "c.gpt2_124m_torch_compile": 30,
     "d.trm_sudoku_flags": 30,
     "d.trm_sudoku_variants": 20,
+    "d.early_curve": 30,
     "d.gpt2_124m_variants": 20,
     "d.gpt2_124m_flags": 30,
     "e.jax_cold": 20,
@@ -659,6 +664,52 @@ _PROFILE_HEAD = re.compile(r"^(\S+)(?: (\w+))?: ([\d.]+) ms per step \(traced")
 _PROFILE_ROW = re.compile(r"^\s*([\d.]+)\s+(\d+)\s+(\S.*)$")
 
 
+class EarlyCurvePart(_StepPart):
+    """d: `python -m bench.early_curve`: upstream's pretrain.py and our Task.train_step, the first
+    EARLY_CURVE_STEPS steps of trm_sudoku from upstream's initial weights on upstream's batches
+    (b.data's set) and exploration draws; the losses side by side (a sanity check at full size)."""
+
+    def __init__(self, step, config):
+        super().__init__(step, "early_curve", config)
+
+    def srcs(self, ctx) -> tuple[Path, Path]:
+        return ctx.asset("upstream", "TinyRecursiveModels"), ctx.asset("upstream", "adam-atan2")
+
+    def missing(self, ctx):
+        import importlib.util
+
+        from parity.goldens.trm_pretrain import GOLDENS_EXTRA
+
+        trm, adam = self.srcs(ctx)
+        for f in (trm / "pretrain.py", adam / "adam_atan2" / "adam_atan2.py"):
+            if not f.exists():
+                return f"{f} (bash bench/gpu_prepare.sh --trm SRC --adam-atan2 SRC)"
+        absent = [m for m in GOLDENS_EXTRA if importlib.util.find_spec(m) is None]
+        if absent:
+            return f"modules {', '.join(absent)} (what pretrain.py imports; .whl carries them)"
+        return None
+
+    def command(self, ctx):
+        trm, adam = self.srcs(ctx)
+        return _py(ctx, "-m", "bench.early_curve", f"+experiment={self.config_for(ctx)}",
+                   f"data.path={ctx.work / SUDOKU_DIR}", "--trm-src", trm, "--adam-atan2-src",
+                   adam, "--steps", 6 if ctx.dry_run else EARLY_CURVE_STEPS, "--device",
+                   "cpu" if ctx.dry_run else "cuda")  # fmt: skip
+
+    def result(self, ctx, rc, ended):
+        for _, line in reversed(self.lines):
+            if line.startswith("EARLY_CURVE {"):
+                return json.loads(line[len("EARLY_CURVE ") :])
+        return {}
+
+    def headline(self, r):
+        last = r["rows"][-1]
+        return (f"{r['steps']} steps; lm_loss at the last: upstream {last['lm_loss'][0]:.4f}, "
+                f"ours {last['lm_loss'][1]:.4f}; largest relative difference "
+                f"{r['lm_loss_rel_diff_max']:.2e}; halting differs at {len(r['halting_differs_at'])} "
+                f"steps")  # fmt: skip
+
+
 HLO_TAR = "hlo.tar"
 
 
@@ -796,6 +847,7 @@ def plan() -> list[Part]:
         ProfilePart("c", "gpt2_124m", "torch_compile"),
         FlagsPart("d", "trm_sudoku"),
         VariantsPart("d", "trm_sudoku"),
+        EarlyCurvePart("d", "trm_sudoku"),
         VariantsPart("d", "gpt2_124m"),
         FlagsPart("d", "gpt2_124m"),
         JaxTargetRun("e", "jax_cold"),
