@@ -192,9 +192,10 @@ def resolve(
     optim = dict(trainer_cfg.get("optim") or {})
     if cfg.family == "gpt":
         dtype = model.get("dtype", "float32")
-        # dtype -> autocast on the torch side; attention_impl is JAX-only (torch picks its SDPA
-        # kernel itself)
-        torch_model = {k: v for k, v in model.items() if k not in ("dtype", "attention_impl")}
+        # dtype -> autocast on the torch side; the implementation choices are JAX-only (torch
+        # picks its SDPA kernel itself and has one cross-entropy)
+        jax_only = ("dtype", "attention_impl", "cross_entropy_impl")
+        torch_model = {k: v for k, v in model.items() if k not in jax_only}
         items = batch * int(model["block_size"])
     else:
         from models.trm.optim import total_steps

@@ -78,7 +78,7 @@ TRM_CACHE = "xla-cache-trm"
 # each a config key that exists on main; and XLA:GPU flag sets, each in its own process
 # (`bench.variants --flags`, base runs before and after)
 VARIANTS = {
-    "gpt2_124m": ("optim.adamw_flat=true", "attention_impl=xla"),
+    "gpt2_124m": ("cross_entropy_impl=logsumexp", "optim.adamw_flat=true", "attention_impl=xla"),
     "trm_sudoku": ("split_gate_up=true", "loss_dtype=float32"),
 }
 NO_TRITON_GEMM = "no_triton_gemm=--xla_gpu_enable_triton_gemm=false"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 import pytest
 from flax import nnx
@@ -24,16 +26,25 @@ def jax_grads_as_torch_keys(model, idx, targets) -> dict:
 
 
 @pytest.mark.parametrize(
-    "dtype,tol,bias",
-    [("float64", FLOAT64, True), ("float64", FLOAT64, False), ("float32", FLOAT32, True)],
-    ids=["float64", "float64-no-bias", "float32"],
+    "dtype,tol,bias,ce",
+    [
+        ("float64", FLOAT64, True, "log_softmax"),
+        ("float64", FLOAT64, False, "log_softmax"),
+        ("float32", FLOAT32, True, "log_softmax"),
+        ("float64", FLOAT64, True, "logsumexp"),
+        ("float32", FLOAT32, True, "logsumexp"),
+    ],
+    ids=["float64", "float64-no-bias", "float32", "float64-logsumexp", "float32-logsumexp"],
 )
-def test_grads_of_every_parameter(request, dtype, tol, bias):
+def test_grads_of_every_parameter(request, dtype, tol, bias, ce):
+    """...for both GPTConfig.cross_entropy_impl values, with some targets ignored (-1)."""
     if dtype == "float64":
         request.getfixturevalue("x64")
     cfg = {**TINY, "bias": bias}
     tmodel, jmodel = report_gpt.build_pair(cfg, dtype)
+    jmodel.config = dataclasses.replace(jmodel.config, cross_entropy_impl=ce)
     idx, targets = report_gpt.batch(cfg)
+    targets[:, ::5] = -1  # torch's ignore_index=-1 (nanoGPT's F.cross_entropy)
     _, loss = tmodel(idx, targets)
     loss.backward()
     t_grads = {n: p.grad for n, p in tmodel.named_parameters()}  # tied wte counted once

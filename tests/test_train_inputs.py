@@ -388,3 +388,20 @@ def test_text_data_offline_is_one_line_naming_the_trainers_key(tmp_path, monkeyp
     with pytest.raises(ConfigError, match=r"data\.input=path/to/input\.txt") as e:
         prepare_data({"path": path, "build": "shakespeare_char", "input": ""})
     assert "--input" not in str(e.value) and "\n" not in str(e.value)
+
+
+def test_resume_settings_are_what_shapes_the_saved_state():
+    """A checkpoint records the settings its state depends on (train.trainer.resume_settings): a
+    changed one is refused by name on resume. Implementation choices that compute the same
+    function (attention, cross-entropy, SwiGLU's matmuls, remat, scan) are not among them;
+    optim.adamw_flat, which lays Adam's moments out as one vector, is."""
+    mesh = make_mesh(load_config(["+experiment=gpt_shakespeare_char_tiny"]).mesh)
+    gpt = load_config(["+experiment=gpt_shakespeare_char_tiny"])
+    settings = resume_settings(gpt, make_task(gpt, mesh, need_data=False))
+    assert "optim.adamw_flat" in settings and "model.n_embd" in settings
+    assert not {"model.attention_impl", "model.cross_entropy_impl"} & set(settings)
+    trm = load_config(["+experiment=trm_sudoku_tiny"])
+    settings = resume_settings(trm, make_task(trm, mesh, need_data=False))
+    assert "model.hidden_size" in settings
+    free = {"model.split_gate_up", "model.scan", "model.remat", "model.embed_grad"}
+    assert not free & set(settings)

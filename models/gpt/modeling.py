@@ -16,6 +16,7 @@ V vocabulary.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -29,6 +30,7 @@ from models.attention import (
 )
 from models.fields import check_ranges, ranged
 
+CROSS_ENTROPY_IMPLS = ("log_softmax", "logsumexp")
 _DTYPES = {"float32": jnp.float32, "float64": jnp.float64, "bfloat16": jnp.bfloat16}
 
 
@@ -49,9 +51,19 @@ class GPTConfig:
     # Ours: one of ATTENTION_IMPLS. torch's SDPA picks flash / mem-efficient / math kernels itself;
     # here the choice is explicit, and "auto" is "explicit" except on an NVIDIA GPU in bfloat16.
     attention_impl: str = "auto"
+    # Ours: one of CROSS_ENTROPY_IMPLS. "log_softmax": the float32 log-probabilities, then the
+    # target's; "logsumexp": logsumexp minus the target's logit, whose gradient softmax - onehot is
+    # computed from the compute-dtype logits (no float32 copy of the [B, T, V] logits to keep).
+    # The same values (tests/test_gpt_grads.py).
+    cross_entropy_impl: str = "log_softmax"
 
     def __post_init__(self):
         check_ranges(self)
+        if self.cross_entropy_impl not in CROSS_ENTROPY_IMPLS:
+            raise ValueError(
+                f"GPTConfig.cross_entropy_impl must be one of {CROSS_ENTROPY_IMPLS}, "
+                f"got {self.cross_entropy_impl!r}"
+            )
         if self.dtype not in _DTYPES:
             raise ValueError(
                 f"GPTConfig.dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}"
@@ -260,7 +272,10 @@ class GPT(nnx.Module):
         if targets_bt is None:
             return self._lm_head(x_btc[:, -1:, :]), None
         logits_btv = self._lm_head(x_btc)
-        return logits_btv, cross_entropy(logits_btv, targets_bt, self.config.norm_dtype)
+        loss = cross_entropy(
+            logits_btv, targets_bt, self.config.norm_dtype, impl=self.config.cross_entropy_impl
+        )
+        return logits_btv, loss
 
     def get_num_params(self, non_embedding: bool = True) -> int:
         """Parameter count, tied wte/lm_head once; non_embedding subtracts wpe (as nanoGPT)."""
@@ -286,13 +301,47 @@ def abstract_gpt(config: GPTConfig) -> GPT:
     return nnx.eval_shape(lambda: GPT(config, rngs=nnx.Rngs(0)))
 
 
-def cross_entropy(logits_btv, targets_bt, dtype=jnp.float32):
-    """Mean token cross-entropy in `dtype`, ignoring targets == -1 (torch ignore_index=-1)."""
-    logp_btv = jax.nn.log_softmax(logits_btv.astype(dtype), axis=-1)
+def cross_entropy(logits_btv, targets_bt, dtype=jnp.float32, impl: str = "log_softmax"):
+    """Mean token cross-entropy in `dtype`, ignoring targets == -1 (torch ignore_index=-1).
+
+    `impl` (GPTConfig.cross_entropy_impl): "log_softmax" (jax.nn.log_softmax in `dtype`, then the
+    target's entry) or "logsumexp" (`_nll_logsumexp`); the same values up to rounding."""
     valid_bt = targets_bt != -1
     safe_bt = jnp.where(valid_bt, targets_bt, 0)
-    nll_bt = -jnp.take_along_axis(logp_btv, safe_bt[..., None], axis=-1)[..., 0]
+    if impl == "logsumexp":
+        nll_bt = _nll_logsumexp(logits_btv, safe_bt, jnp.dtype(dtype).name)
+    else:
+        logp_btv = jax.nn.log_softmax(logits_btv.astype(dtype), axis=-1)
+        nll_bt = -jnp.take_along_axis(logp_btv, safe_bt[..., None], axis=-1)[..., 0]
     return jnp.sum(jnp.where(valid_bt, nll_bt, 0.0)) / jnp.sum(valid_bt)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _nll_logsumexp(logits_btv, targets_bt, dtype: str):
+    """-log softmax(logits)[target] per position as logsumexp(logits) - logits[target], in
+    `dtype`. Its gradient, softmax - onehot, is computed from the logits as they are (the
+    compute dtype) and the saved logsumexp: the float32 copy of the logits that log_softmax's
+    gradient reads need not be kept between the forward and the backward pass."""
+    return _nll_logsumexp_fwd(logits_btv, targets_bt, dtype)[0]
+
+
+def _nll_logsumexp_fwd(logits_btv, targets_bt, dtype):
+    m_bt1 = jnp.max(logits_btv, axis=-1, keepdims=True).astype(dtype)  # exact in any dtype
+    s_bt1 = jnp.sum(jnp.exp(logits_btv.astype(dtype) - m_bt1), axis=-1, keepdims=True)
+    lse_bt1 = m_bt1 + jnp.log(s_bt1)
+    picked_bt1 = jnp.take_along_axis(logits_btv, targets_bt[..., None], axis=-1).astype(dtype)
+    return (lse_bt1 - picked_bt1)[..., 0], (logits_btv, targets_bt, lse_bt1)
+
+
+def _nll_logsumexp_bwd(dtype, res, g_bt):
+    logits_btv, targets_bt, lse_bt1 = res
+    onehot_btv = targets_bt[..., None] == jnp.arange(logits_btv.shape[-1])
+    p_btv = jnp.exp(logits_btv.astype(dtype) - lse_bt1)
+    d_btv = (p_btv - onehot_btv.astype(dtype)) * g_bt[..., None].astype(dtype)
+    return d_btv.astype(logits_btv.dtype), None
+
+
+_nll_logsumexp.defvjp(_nll_logsumexp_fwd, _nll_logsumexp_bwd)
 
 
 def top_k_filter(logits_bv, top_k: int | None):

@@ -44,7 +44,9 @@ from train.task import Task, record_in_config
 class GPTTask(Task):
     items_name = "tokens"
     console_metrics = ("train/loss", "eval/val_loss")
-    resume_free_keys = ("model.dropout", "model.attention_impl")
+    # optim.adamw_flat lays Adam's moments out as one vector: a checkpoint holds one layout
+    resume_keys = ("optim.adamw_flat",)
+    resume_free_keys = ("model.dropout", "model.attention_impl", "model.cross_entropy_impl")
     config_sections = {
         "model": (GPTConfig, ()),
         "optim": (GPTOptimConfig, ()),

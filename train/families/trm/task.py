@@ -63,7 +63,8 @@ class TRMTask(Task):
     # optim.ema adds the EMA to the state; the data keys fix what a data position means
     resume_keys = ("optim.ema", *(f"data.{k}" for k in ("eval_interval_epochs", *SIZES)))
     resume_free_keys = tuple(
-        f"model.{k}" for k in ("attention_impl", "remat", "remat_policy", "scan", "embed_grad")
+        f"model.{k}"
+        for k in ("attention_impl", "remat", "remat_policy", "scan", "embed_grad", "split_gate_up")
     )
     config_sections = {
         "model": (TRMConfig, ("batch_size", "seq_len", "vocab_size", "num_puzzle_identifiers")),
