@@ -972,7 +972,8 @@ def summary_markdown(header: dict, records: list[dict]) -> str:
     lines = [
         f"# {'Dry run (CPU)' if header.get('dry_run') else 'GPU session'}: `{header['command']}`",
         "",
-        f"Started {header['started_utc']}, git {header.get('git_commit')}, budget "
+        f"Started {header['started_utc']}, git {header.get('git_commit')} (tree "
+        f"{(header.get('git_tree') or 'unknown')[:12]}), budget "
         f"{header['budget_s']} s. Environment: {env.get('line', 'not recorded')}",
         f"Upstream commits: {header.get('upstream_commits') or 'none in ASSETS'}",
         "",
@@ -991,6 +992,26 @@ def _git_commit() -> str | None:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
                              capture_output=True, text=True, timeout=10)  # fmt: skip
         return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def git_tree(repo: Path = REPO) -> str | None:
+    """The git tree hash of the files as they are (tracked and untracked-not-ignored), through a
+    scratch index: the tree of the commit that holds exactly these files, whatever HEAD says. A
+    device call copies the working tree onto a checkout of the session's first commit, so
+    `git_commit` there can name an older commit than the code that ran; `git log --all
+    --format='%h %T' | grep TREE` finds the one that did."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            env = dict(os.environ, GIT_INDEX_FILE=os.path.join(tmp, "index"))
+            run = dict(cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+            if subprocess.run(["git", "add", "-A", "."], **run).returncode:
+                return None
+            out = subprocess.run(["git", "write-tree"], **run)
+            return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -1057,6 +1078,7 @@ def run_session(argv: list[str]) -> list[dict]:
     commits = ctx.asset("upstream", "COMMITS")
     header = {"kind": "session", "started_utc": _utc(), "dry_run": a.dry_run,
               "command": "python -m bench gpu " + shlex.join(argv), "git_commit": _git_commit(),
+              "git_tree": git_tree(),
               "budget_s": budget, "steps": steps, "boxes": boxes, "step_caps": caps,
               "assets": str(ctx.assets), "work": str(ctx.work),
               "upstream_commits": "; ".join(commits.read_text().split("\n")).strip("; ")

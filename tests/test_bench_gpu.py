@@ -288,3 +288,22 @@ def test_the_documented_plan_is_the_plan():
             boxes += [float(b) for b in cells[2].split(",")]
     assert keys == [p.key for p in gpu.plan()]
     assert boxes == [gpu.GPU_BOXES[k] for k in keys]
+
+
+def test_git_tree_names_the_files_that_ran(tmp_path):
+    """The session line's `git_tree` is the tree of the commit holding exactly the files there:
+    HEAD's tree in a clean clone, another after an edit (the commit that has it would match), and
+    HEAD's again once the edit is undone; ignored files do not count."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD^{tree}"], cwd=clone, capture_output=True,
+                          text=True, check=True).stdout.strip()  # fmt: skip
+    assert gpu.git_tree(clone) == head
+    readme = clone / "README.md"
+    text = readme.read_text()
+    readme.write_text(text + "\nan edit\n")
+    assert gpu.git_tree(clone) not in (None, head)
+    readme.write_text(text)
+    (clone / ".gpu").mkdir(exist_ok=True)  # ignored (.gitignore): not part of the tree
+    (clone / ".gpu" / "x").write_text("x")
+    assert gpu.git_tree(clone) == head
