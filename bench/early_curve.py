@@ -12,7 +12,8 @@ Upstream: pretrain.py's `init_train_state` seeded as `launch` seeds it, then `tr
 own PuzzleDataset loader (and the EMA update, when on), for --steps steps, on our data set at
 data.path, its Hydra config mapped key for key from ours (`bench.curves.upstream_trm_overrides`);
 loaded through parity.goldens.trm_pretrain (AdamATan2 through its authors' pure-PyTorch
-reference; with --device cuda nothing else is rewritten). Recorded per step: the batch, the
+reference; with --device cuda nothing else is rewritten; wandb, where it is not installed, is
+`bench.upstream_runs.wandb_stand_in`: this loop never logs). Recorded per step: the batch, the
 exploration draws it took from torch's global RNG, its metrics. Its initial state_dict is saved.
 
 Ours, in the same process after upstream's memory is released: the TRM Task as `train.main`
@@ -54,10 +55,16 @@ def _np(v):
 
 def upstream_steps(cfg: dict, trm_src: Path, adam_src: Path, device: str, steps: int, work: Path):
     """Upstream's first `steps` training steps; -> (init state_dict file, [step records])."""
+    import importlib.util
+
     import torch
     from hydra import compose, initialize_config_dir
 
     from bench.curves import upstream_trm_overrides
+    from bench.upstream_runs import wandb_stand_in
+
+    if importlib.util.find_spec("wandb") is None:  # a GPU image without it: pretrain.py imports it
+        sys.modules["wandb"] = wandb_stand_in()
     from parity.goldens.trm import recorded_draws
     from parity.goldens.trm_pretrain import pretrain
 
