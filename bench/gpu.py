@@ -9,7 +9,8 @@
 The plan (docs/benchmarks.md, "What a GPU session runs"); the parts run in `plan()`'s order,
 which is by priority (what answers the open questions first), not by step letter:
 
-  a  the environment in one line; `pytest -m gpu` on the test files that hold gpu-marked tests
+  a  the environment in one line; `pytest -m gpu` on the test files that hold gpu-marked tests;
+     `python -m parity gpt --dtype bfloat16 --device cuda` (GPU kernels on both sides)
   b  Sudoku-Extreme 1k x 1000 augmentations built on the device (trm_sudoku's data); on it
      `python -m bench trainer` (the trainer's loop against its bare jitted step on the trainer's
      own batches: `trainer_over_bare`); last, if time is left, `python -m bench` on trm_sudoku
@@ -112,6 +113,7 @@ GPU_BOXES = {
     "e.jax_cold": 90,
     "e.upstream": 90,
     "a.pytest": 60,
+    "a.parity_gpt": 40,
     "b.trm_sudoku": 150,
 }
 GPU_STEP_CAPS = {"a": 100}
@@ -132,6 +134,7 @@ DRY_BOXES = {
     "e.jax_cold": 20,
     "e.upstream": 20,
     "a.pytest": 20,
+    "a.parity_gpt": 20,
     "b.trm_sudoku": 20,
 }
 DRY_STEP_CAPS = {"a": 35}
@@ -351,6 +354,39 @@ class PytestPart(Part):
 
     def headline(self, r):
         return ", ".join(f"{n} {k}" for k, n in r.get("counts", {}).items())
+
+
+class ParityPart(Part):
+    """a: `python -m parity gpt --dtype bfloat16 --device cuda`: nanoGPT module by module, torch's
+    GPU kernels (flash SDPA, cuBLAS, autocast) against the port's (cuDNN attention), with the
+    CPU's bf16 tolerance."""
+
+    _COUNTS = re.compile(r"^(\d+) passed, (\d+) failed$")
+
+    def command(self, ctx):
+        return _py(ctx, "-m", "parity", "gpt", "--dtype", "bfloat16", "--device",
+                   "cpu" if ctx.dry_run else "cuda")  # fmt: skip
+
+    def env(self, ctx):
+        return {**super().env(ctx), "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+
+    def result(self, ctx, rc, ended):
+        out: dict = {"rows": []}
+        for _, line in self.lines:
+            parts = line.split()
+            if m := self._COUNTS.match(line.strip()):
+                out["passed"], out["failed"] = int(m.group(1)), int(m.group(2))
+            elif line.startswith("nanoGPT parity,"):
+                out["head"] = line
+            elif len(parts) >= 7 and parts[-1] in ("pass", "FAIL", "fail"):
+                out["rows"].append(line)
+        return out if "passed" in out else {}
+
+    def headline(self, r):
+        bad = [row.split()[0] for row in r["rows"] if row.split()[-1] != "pass"]
+        return f"{r['passed']} passed, {r['failed']} failed" + (
+            f": {', '.join(bad)}" if bad else ""
+        )
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -853,6 +889,7 @@ def plan() -> list[Part]:
         JaxTargetRun("e", "jax_cold"),
         NanoGPTTargetRun("e"),
         PytestPart("a", "pytest"),
+        ParityPart("a", "parity_gpt"),
         BenchPart("b", "trm_sudoku"),
     ]
 

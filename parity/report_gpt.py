@@ -1,4 +1,5 @@
-"""`python -m parity gpt [--dtype float32|float64|bfloat16]`: nanoGPT module-by-module parity.
+"""`python -m parity gpt [--dtype float32|float64|bfloat16] [--device cpu|cuda]`: nanoGPT
+module-by-module parity.
 
 Builds a small nanoGPT in PyTorch (parity/gpt_torch.py), copies its weights into the NNX port with
 `parity.gpt_params.from_torch`, runs one batch through both and prints, for every module output
@@ -9,6 +10,10 @@ The captures are parity.capture's (torch forward hooks; the port's module calls 
 the outside), shared with tests/test_gpt_forward.py. The generic command compares every module
 and the gradients: `python -m parity diff parity.report_gpt:torch_factory
 parity.report_gpt:nnx_factory --rename =transformer --grads` (docs/porting_your_model.md).
+
+`--device cuda` runs the torch side on the GPU (its flash SDPA and cuBLAS kernels, autocast on
+CUDA) while the port runs on JAX's default backend (with a GPU, `attention_impl="auto"` is cuDNN
+in bfloat16): the same table, GPU kernels on both sides. The tolerances are the CPU's.
 """
 
 from __future__ import annotations
@@ -58,8 +63,8 @@ def _named(calls) -> dict:
 
 def torch_activations(model: gpt_torch.GPT, idx, targets, *, autocast_bf16=False) -> dict:
     """Run the torch model once, recording every module output named as in `jax_activations`
-    (parity.capture: forward hooks)."""
-    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast_bf16 else None
+    (parity.capture: forward hooks), on the device the model and the batch are on."""
+    ctx = torch.autocast(idx.device.type, dtype=torch.bfloat16) if autocast_bf16 else None
     cap = capture_torch(model, (idx, targets), select=_select, context=ctx)
     return _named(cap.calls)
 
@@ -103,13 +108,18 @@ def batch(cfg_kwargs: dict, *, batch_size=2, seed=0):
     return idx, targets
 
 
-def run(dtype: str, cfg_kwargs: dict | None = None, seed: int = 0, flash: bool = True):
-    """-> list of Comparisons, one per module output (torch flash or manual attention path)."""
+def run(
+    dtype: str, cfg_kwargs: dict | None = None, seed: int = 0, flash: bool = True, device="cpu"
+):
+    """-> list of Comparisons, one per module output (torch flash or manual attention path);
+    `device`: where the torch side runs."""
     cfg_kwargs = dict(SMALL if cfg_kwargs is None else cfg_kwargs)
     tol = TOLERANCES[dtype]
     tmodel, jmodel = build_pair(cfg_kwargs, dtype, seed=seed, flash=flash)
     idx, targets = batch(cfg_kwargs, seed=seed)
-    t_acts = torch_activations(tmodel, idx, targets, autocast_bf16=dtype == "bfloat16")
+    t_acts = torch_activations(
+        tmodel.to(device), idx.to(device), targets.to(device), autocast_bf16=dtype == "bfloat16"
+    )
     # one compiled program rather than op-by-op dispatch (each eager op compiles on first use)
     j_acts = jax_activations(
         jmodel, jnp.asarray(idx.numpy()), jnp.asarray(targets.numpy()), jit=True
@@ -123,11 +133,16 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m parity gpt", description=__doc__.splitlines()[0])
     p.add_argument("--dtype", choices=sorted(TOLERANCES), default="float32")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="the torch side's")
     args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA device here")
     jax.config.update("jax_default_matmul_precision", "highest")  # torch CPU fp32 matmuls are exact
     ctx = jax.enable_x64(True) if args.dtype == "float64" else contextlib.nullcontext()
     with ctx:
-        rows = run(args.dtype, seed=args.seed)
-    print(f"nanoGPT parity, dtype={args.dtype}, config={SMALL}")
+        rows = run(args.dtype, seed=args.seed, device=args.device)
+    dev = jax.devices()[0]
+    print(f"nanoGPT parity, dtype={args.dtype}, torch on {args.device}, JAX on "
+          f"{dev.platform} ({dev.device_kind}), config={SMALL}")  # fmt: skip
     print(format_table(rows))
     return int(any(not r.passed for r in rows))

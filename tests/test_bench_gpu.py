@@ -197,6 +197,9 @@ def _check_measured(by: dict) -> None:
     if by["a.pytest"]["status"] == "ok":
         assert by["a.pytest"]["result"]["counts"]["skipped"] >= 2  # the gpu tests, on a CPU
         assert "tests/test_gpt_attention_impl.py" in by["a.pytest"]["result"]["files"]
+    if by["a.parity_gpt"]["status"] == "ok":  # the CPU's bf16 report: every row passes
+        res = by["a.parity_gpt"]["result"]
+        assert res["failed"] == 0 and res["passed"] == len(res["rows"]) == 12, res
     if by["b.data"]["status"] == "ok":
         assert by["b.data"]["result"]["train"]["examples"] == 20 * 3  # 2 augmentations each
     if by["b.trainer"]["status"] == "ok":
