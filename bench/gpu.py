@@ -875,6 +875,7 @@ def plan() -> list[Part]:
     """Every part, in the order they run (by priority: what answers the open questions first)."""
     return [
         EnvPart("a", "env"),
+        ParityPart("a", "parity_gpt"),
         SudokuDataPart("b", "data"),
         TrainerVsBarePart("b", "trainer"),
         ProfilePart("c", "trm_sudoku", "jax"),
@@ -889,7 +890,6 @@ def plan() -> list[Part]:
         JaxTargetRun("e", "jax_cold"),
         NanoGPTTargetRun("e"),
         PytestPart("a", "pytest"),
-        ParityPart("a", "parity_gpt"),
         BenchPart("b", "trm_sudoku"),
     ]
 
