@@ -269,7 +269,9 @@ def test_parts_selects_the_named_parts_and_what_they_need():
     plan order; an unknown name is one line naming the plan's parts."""
     keys = [p.key for p in gpu.select_parts(gpu.plan(), [], "d.trm_sudoku_variants,e.jax_cold")]
     assert keys == ["b.data", "d.trm_sudoku_variants", "e.jax_cold"]
-    with pytest.raises(SystemExit, match="unknown d.nope; the plan.s parts: a.env, a.parity_gpt, b.data"):
+    with pytest.raises(
+        SystemExit, match="unknown d.nope; the plan.s parts: a.env, a.parity_gpt, b.data"
+    ):
         gpu.select_parts(gpu.plan(), [], "d.nope")
     assert [p.key for p in gpu.select_parts(gpu.plan(), ["e"], None)] == [
         "e.jax_cold",
