@@ -33,6 +33,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import sys
 import tempfile
 import time
@@ -194,8 +195,6 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--out", type=Path, default=None)
     a = p.parse_args(argv)
-    import os
-
     os.environ.setdefault("JAX_PLATFORMS", "cuda" if a.device == "cuda" else "cpu")
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch runs first, beside it
     from omegaconf import OmegaConf

@@ -440,17 +440,23 @@ class TrainerRun(Part):
         return out
 
 
-class BenchPart(Part):
-    """`python -m bench` on one config (its own invocation, so one config's timeout keeps the
-    other's results); a TRM config is fed batches of the Sudoku set b.data built."""
+class _StepPart(Part):
+    """A part on one bench config (its CPU stand-in in a dry run); a TRM config is fed batches of
+    the Sudoku set b.data built and shares the TRM parts' compilation cache."""
 
-    def __init__(self, step, config):
-        super().__init__(step, config)
+    def __init__(self, step, name, config):
+        super().__init__(step, name)
         self.config = config
         self.needs = ("b.data",) if config.startswith("trm") else ()
 
-    def out_dir(self, ctx) -> Path:
-        return ctx.work / f"bench-{self.config}"
+    def config_for(self, ctx) -> str:
+        return DRY_CONFIG[self.config] if ctx.dry_run else self.config
+
+    def data_args(self, ctx, flag: str) -> list:
+        return [flag, ctx.work / SUDOKU_DIR] if self.needs else []
+
+    def device(self, ctx) -> str:
+        return "cpu" if ctx.dry_run else "gpu"
 
     def env(self, ctx):
         env = super().env(ctx)
@@ -458,15 +464,24 @@ class BenchPart(Part):
             env["JAX_COMPILATION_CACHE_DIR"] = str(ctx.work / TRM_CACHE)
         return env
 
+
+class BenchPart(_StepPart):
+    """`python -m bench` on one config (its own invocation, so one config's timeout keeps the
+    other's results); a TRM config is fed batches of the Sudoku set b.data built."""
+
+    def __init__(self, step, config):
+        super().__init__(step, config, config)
+
+    def out_dir(self, ctx) -> Path:
+        return ctx.work / f"bench-{self.config}"
+
     def command(self, ctx):
         shutil.rmtree(self.out_dir(ctx), ignore_errors=True)
+        args = ["--device", self.device(ctx), "--configs", self.config_for(ctx)]
         if ctx.dry_run:
-            args = ["--device", "cpu", "--configs", DRY_CONFIG[self.config], "--impls", "jax,torch_eager",
-                    "--steps", "2", "--warmup", "0", "--inner", "1", "--peak-flops", "1e11"]  # fmt: skip
-        else:
-            args = ["--device", "gpu", "--configs", self.config]
-        if self.needs:
-            args += ["--data", str(ctx.work / SUDOKU_DIR)]
+            args += ["--impls", "jax,torch_eager", "--steps", "2", "--warmup", "0", "--inner", "1",
+                     "--peak-flops", "1e11"]  # fmt: skip
+        args += self.data_args(ctx, "--data")
         # a worker that does not answer within this (torch.compile's first call, say) is recorded
         # as failed and the others go on: bench.json is written only at the end
         timeout = max(20, int(0.6 * self.box))
@@ -671,35 +686,6 @@ class SudokuDataPart(Part):
         return f"{tr.get('examples')} train examples in {r.get('seconds', 0):.1f} s"
 
 
-class _StepPart(Part):
-    """A part on one bench config (its CPU stand-in in a dry run); a TRM config is fed batches of
-    the Sudoku set b.data built and shares the TRM parts' compilation cache."""
-
-    def __init__(self, step, name, config):
-        super().__init__(step, name)
-        self.config = config
-        self.needs = ("b.data",) if config.startswith("trm") else ()
-
-    def config_for(self, ctx) -> str:
-        return DRY_CONFIG[self.config] if ctx.dry_run else self.config
-
-    def data_args(self, ctx, flag: str) -> list:
-        return [flag, ctx.work / SUDOKU_DIR] if self.needs else []
-
-    def device(self, ctx) -> str:
-        return "cpu" if ctx.dry_run else "gpu"
-
-    def env(self, ctx):
-        env = super().env(ctx)
-        if self.needs:
-            env["JAX_COMPILATION_CACHE_DIR"] = str(ctx.work / TRM_CACHE)
-        return env
-
-
-_PROFILE_HEAD = re.compile(r"^(\S+)(?: (\w+))?: ([\d.]+) ms per step \(traced")
-_PROFILE_ROW = re.compile(r"^\s*([\d.]+)\s+(\d+)\s+(\S.*)$")
-
-
 class EarlyCurvePart(_StepPart):
     """d: `python -m bench.early_curve`: upstream's pretrain.py and our Task.train_step, the first
     EARLY_CURVE_STEPS steps of trm_sudoku from upstream's initial weights on upstream's batches
@@ -744,6 +730,10 @@ class EarlyCurvePart(_StepPart):
                 f"ours {last['lm_loss'][1]:.4f}; largest relative difference "
                 f"{r['lm_loss_rel_diff_max']:.2e}; halting differs at {len(r['halting_differs_at'])} "
                 f"steps")  # fmt: skip
+
+
+_PROFILE_HEAD = re.compile(r"^(\S+)(?: (\w+))?: ([\d.]+) ms per step \(traced")
+_PROFILE_ROW = re.compile(r"^\s*([\d.]+)\s+(\d+)\s+(\S.*)$")
 
 
 HLO_TAR = "hlo.tar"
