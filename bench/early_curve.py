@@ -199,12 +199,14 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch runs first, beside it
     from omegaconf import OmegaConf
 
+    from train import xla_flags
     from train.compose import load_config
 
     quiet = ["logging.wandb=disabled", "trainer.progress_bar=false", "mesh=cpu"]
     cfg = OmegaConf.to_container(load_config([*a.overrides, *quiet]), resolve=True)
     if cfg.get("task") != "trm":
         raise SystemExit(f"bench.early_curve: a TRM experiment, not task={cfg.get('task')}")
+    xla_flags.apply(cfg["run"].get("xla_flags"))  # ours as the trainer runs (JAX starts later)
     if not cfg["data"].get("path"):
         raise SystemExit("bench.early_curve: data.path=DIR (a built TRM data set) is required")
     with tempfile.TemporaryDirectory(prefix="early_curve_") as tmp:

@@ -13,8 +13,9 @@ which is by priority (what answers the open questions first), not by step letter
      `python -m parity gpt --dtype bfloat16 --device cuda` (GPU kernels on both sides)
   b  Sudoku-Extreme 1k x 1000 augmentations built on the device (trm_sudoku's data); on it
      `python -m bench trainer` (the trainer's loop against its bare jitted step on the trainer's
-     own batches: `trainer_over_bare`); last, if time is left, `python -m bench` on trm_sudoku
-     fed those batches (JAX vs our PyTorch reference, eager and torch.compile, interleaved)
+     own batches: `trainer_over_bare`) and `python -m bench` on trm_sudoku fed those batches (JAX
+     vs our PyTorch reference, eager and torch.compile, interleaved); `python -m bench` on
+     gpt2_124m
   c  where the time goes: `bench.profile` of trm_sudoku (real batches) and gpt2_124m, the JAX step
      per XLA op and the torch.compile step per CUDA kernel
   d  what could close the gaps to torch.compile: JAX step variants behind config keys
@@ -79,18 +80,16 @@ TRM_CACHE = "xla-cache-trm"
 # each a config key that exists on main; and XLA:GPU flag sets, each in its own process
 # (`bench.variants --flags`, base runs before and after)
 VARIANTS = {
-    "gpt2_124m": ("cross_entropy_impl=logsumexp", "optim.adamw_flat=true", "attention_impl=xla"),
+    # log_softmax: the default's control (gpt2_124m's config picks logsumexp)
+    "gpt2_124m": ("cross_entropy_impl=log_softmax", "optim.adamw_flat=true", "attention_impl=xla"),
     "trm_sudoku": ("split_gate_up=true", "loss_dtype=float32"),
 }
 NO_TRITON_GEMM = "no_triton_gemm=--xla_gpu_enable_triton_gemm=false"
-NO_COMMAND_BUFFER = "no_command_buffer=--xla_gpu_enable_command_buffer="
 FLAG_SETS = {
-    "gpt2_124m": (
-        NO_TRITON_GEMM,
-        "cudnn_layer_norm=--xla_gpu_enable_cudnn_layer_norm=true",
-        NO_COMMAND_BUFFER,
-    ),
-    "trm_sudoku": (NO_TRITON_GEMM, NO_COMMAND_BUFFER),
+    "gpt2_124m": ("cudnn_layer_norm=--xla_gpu_enable_cudnn_layer_norm=true",),
+    # the default's control: trm_sudoku's config turns Triton GEMMs off, a set's XLA_FLAGS win
+    "trm_sudoku": ("triton_gemm=--xla_gpu_enable_triton_gemm=true",),
+    "trm_sudoku_att": (NO_TRITON_GEMM,),
 }
 EARLY_CURVE_STEPS = 50
 VARIANT_STEPS = 20  # timed steps of each variant (and of each flag set's process)
@@ -99,27 +98,31 @@ PROFILE_STEPS = 3
 # Seconds. A part's box is capped by what is left of its step's cap and of the budget.
 GPU_BOXES = {
     "a.env": 30,
+    "a.parity_gpt": 40,
     "b.data": 60,
     "b.trainer": 110,
-    "c.trm_sudoku_jax": 80,
-    "c.trm_sudoku_torch_compile": 120,
-    "c.gpt2_124m_jax": 60,
-    "c.gpt2_124m_torch_compile": 80,
-    "d.trm_sudoku_flags": 150,
-    "d.trm_sudoku_variants": 130,
-    "d.early_curve": 100,
-    "d.gpt2_124m_variants": 100,
-    "d.gpt2_124m_flags": 150,
+    "b.trm_sudoku": 150,
+    "b.gpt2_124m": 120,
     "e.jax_cold": 90,
     "e.upstream": 90,
     "a.pytest": 60,
-    "a.parity_gpt": 40,
-    "b.trm_sudoku": 150,
+    "d.trm_sudoku_flags": 80,
+    "d.gpt2_124m_flags": 130,
+    "d.trm_sudoku_att_flags": 120,
+    "d.gpt2_124m_variants": 170,
+    "c.trm_sudoku_jax": 80,
+    "c.gpt2_124m_jax": 60,
+    "c.trm_sudoku_torch_compile": 120,
+    "c.gpt2_124m_torch_compile": 80,
+    "d.trm_sudoku_variants": 130,
+    "d.early_curve": 100,
 }
 GPU_STEP_CAPS = {"a": 100}
 GPU_BUDGET_S = 560
 DRY_BOXES = {
     "a.env": 15,
+    "b.gpt2_124m": 20,
+    "d.trm_sudoku_att_flags": 30,
     "b.data": 10,
     "b.trainer": 25,
     "c.trm_sudoku_jax": 15,
@@ -142,7 +145,11 @@ DRY_BUDGET_S = 150
 MIN_BOX_S = 5.0  # a part with less time than this left is skipped ("no time left")
 
 # what the dry run runs instead (the CPU stand-ins of each GPU size)
-DRY_CONFIG = {"trm_sudoku": "trm_sudoku_tiny", "gpt2_124m": "gpt_shakespeare_char_tiny"}
+DRY_CONFIG = {
+    "trm_sudoku": "trm_sudoku_tiny",
+    "trm_sudoku_att": "trm_sudoku_tiny",
+    "gpt2_124m": "gpt_shakespeare_char_tiny",
+}
 DRY_TARGET_VAL_LOSS = 3.3  # gpt_shakespeare_char_tiny: 3.08 at step 20 on tiny-shakespeare
 DRY_EVAL_INTERVAL = 20
 # nanoGPT README's CPU recipe, shortened to the dry run's size (bench/curves.py has the full one)
@@ -868,19 +875,22 @@ def plan() -> list[Part]:
         ParityPart("a", "parity_gpt"),
         SudokuDataPart("b", "data"),
         TrainerVsBarePart("b", "trainer"),
-        ProfilePart("c", "trm_sudoku", "jax"),
-        ProfilePart("c", "trm_sudoku", "torch_compile"),
-        ProfilePart("c", "gpt2_124m", "jax"),
-        ProfilePart("c", "gpt2_124m", "torch_compile"),
-        FlagsPart("d", "trm_sudoku"),
-        VariantsPart("d", "trm_sudoku"),
-        EarlyCurvePart("d", "trm_sudoku"),
-        VariantsPart("d", "gpt2_124m"),
-        FlagsPart("d", "gpt2_124m"),
+        BenchPart("b", "trm_sudoku"),
+        BenchPart("b", "gpt2_124m"),
         JaxTargetRun("e", "jax_cold"),
         NanoGPTTargetRun("e"),
         PytestPart("a", "pytest"),
-        BenchPart("b", "trm_sudoku"),
+        FlagsPart("d", "trm_sudoku"),
+        FlagsPart("d", "gpt2_124m"),
+        FlagsPart("d", "trm_sudoku_att"),
+        VariantsPart("d", "gpt2_124m"),
+        # measured in the second H200 session: again when the parts above are done
+        ProfilePart("c", "trm_sudoku", "jax"),
+        ProfilePart("c", "gpt2_124m", "jax"),
+        ProfilePart("c", "trm_sudoku", "torch_compile"),
+        ProfilePart("c", "gpt2_124m", "torch_compile"),
+        VariantsPart("d", "trm_sudoku"),
+        EarlyCurvePart("d", "trm_sudoku"),
     ]
 
 

@@ -146,7 +146,7 @@ def main(argv=None):
                 p.error(f"--{flag.replace('_', '-')} is for --impl jax")
         return _profile_torch(args)
 
-    from bench.worker import prepare_env
+    from bench.worker import apply_config_xla_flags, prepare_env
 
     prepare_env("jax", args.device, args.threads)
     if args.device == "gpu":  # docs/benchmarks.md, "A GPU trace shows command_buffer"
@@ -156,6 +156,7 @@ def main(argv=None):
     from bench import runners
 
     rc = _resolved(args)
+    print(f"XLA_FLAGS: {apply_config_xla_flags(rc)!r}")  # the trainer's, before the backend starts
     runner = runners.JaxRunner(rc, {"seed": 0, "device": args.device})
     runner.setup()
     runner.run(3)  # compile + warm-up

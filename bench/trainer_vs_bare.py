@@ -65,7 +65,7 @@ def _trainer_windows(run_dir: Path, warmup: int) -> list[dict]:
 def measure(overrides: list[str], *, steps: int, warmup: int, work: Path) -> dict:
     import jax
 
-    from train import families
+    from train import families, xla_flags
     from train.compilation_cache import setup_compilation_cache
     from train.compose import load_config
     from train.jit import jit_train_step
@@ -86,7 +86,8 @@ def measure(overrides: list[str], *, steps: int, warmup: int, work: Path) -> dic
         f"run.compilation_cache_dir={work / 'xla-cache'}",
         "run.compilation_cache_min_compile_secs=0",
     ])  # fmt: skip
-    # what train.main.one_run does first: the cache (make_task: x64 for the float64 loss)
+    xla_flags.apply(cfg.run.xla_flags)  # what train.main does first, before any backend starts
+    # what train.main.one_run does next: the cache (make_task: x64 for the float64 loss)
     setup_compilation_cache(cfg.run.compilation_cache_dir, 0)
     mesh = make_mesh(cfg.mesh)
     task = families.make_task(cfg, mesh)

@@ -73,7 +73,7 @@ def main(argv=None):
             p.error("--flags and --variant are separate runs: give one of them")
         return flag_sweep(args)
 
-    from bench.worker import prepare_env
+    from bench.worker import apply_config_xla_flags, prepare_env
 
     prepare_env("jax", args.device, args.threads)
     import jax
@@ -96,6 +96,9 @@ def main(argv=None):
     built = []
     for ov in variants:
         rc = configs.resolve(cfg, jax_overrides=ov, data_path=args.data_path)
+        xla = apply_config_xla_flags(rc)  # the trainer's flags, before the first backend starts
+        if not built:
+            print(f"XLA_FLAGS: {xla!r}", flush=True)
         tcfg = OmegaConf.create(rc["trainer_cfg"])
         mesh = mesh_lib.make_mesh(tcfg.mesh)
         task = make_task(tcfg, mesh, need_data=False)

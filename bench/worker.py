@@ -66,6 +66,15 @@ def prepare_env(impl: str, device: str, threads: int | None = None) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+def apply_config_xla_flags(rc: dict) -> str:
+    """The resolved config's run.xla_flags into XLA_FLAGS, as `python -m train.main` does (the
+    environment's own flags win a repeat), before a JAX backend starts; -> XLA_FLAGS as run."""
+    from train import xla_flags
+
+    xla_flags.apply(((rc.get("trainer_cfg") or {}).get("run") or {}).get("xla_flags"))
+    return os.environ.get("XLA_FLAGS", "")
+
+
 def worker_main(conn, spec: dict) -> None:
     """Entry point of a worker process (multiprocessing 'spawn' target).
 
@@ -74,6 +83,8 @@ def worker_main(conn, spec: dict) -> None:
     """
     try:
         prepare_env(spec["impl"], spec["device"], spec.get("threads"))
+        if spec["impl"].startswith("jax"):
+            xla = apply_config_xla_flags(spec["resolved"])
         rss_start = rss_bytes()
         from bench import runners
 
@@ -86,6 +97,8 @@ def worker_main(conn, spec: dict) -> None:
             runner = runners.make_runner(spec)
         info = runner.setup()
         info["setup_s"] = time.perf_counter() - t0
+        if spec["impl"].startswith("jax"):
+            info["xla_flags"] = xla
         info["rss_start_bytes"] = rss_start
         info["rss_after_setup_bytes"] = rss_bytes()
         conn.send(("ok", info))

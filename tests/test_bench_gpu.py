@@ -268,7 +268,7 @@ def test_parts_selects_the_named_parts_and_what_they_need():
     """`--parts` (a second call's rest of the plan): the named parts with the parts they need, in
     plan order; an unknown name is one line naming the plan's parts."""
     keys = [p.key for p in gpu.select_parts(gpu.plan(), [], "d.trm_sudoku_variants,e.jax_cold")]
-    assert keys == ["b.data", "d.trm_sudoku_variants", "e.jax_cold"]
+    assert keys == ["b.data", "e.jax_cold", "d.trm_sudoku_variants"]  # in plan order
     with pytest.raises(
         SystemExit, match="unknown d.nope; the plan.s parts: a.env, a.parity_gpt, b.data"
     ):

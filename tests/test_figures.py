@@ -363,3 +363,136 @@ def test_gpu_figures_are_the_h200_session():
         in row
     )
     assert f"{round(warm['best']['t'])} s with a warm compilation cache" in row
+
+
+def _run2(name: str):
+    path = os.path.join(REPO, "bench", "results", "h200_run2", name)
+    if name.endswith(".json"):
+        with open(path) as f:
+            return json.load(f)
+    with open(path) as f:  # a flag sweep's log: its FLAGS lines
+        return [json.loads(line[len("FLAGS ") :]) for line in f if line.startswith("FLAGS {")]
+
+
+def _variant_rows(result: dict) -> dict:
+    """bench.variants rows by their overrides ("" for the default)."""
+    return {",".join(f"{k}={v}" for k, v in r["overrides"].items()): r for r in result["rows"]}
+
+
+def test_gpu_figures_are_the_second_h200_session():
+    """Every figure of docs/benchmarks.md "GPU: the second H200 session", and the configs' comments
+    and README lines that quote them, against bench/results/h200_run2/."""
+    parts = _gpu_parts("h200_run2")
+    bench_md = _read("docs/benchmarks.md")
+    gpu = bench_md[bench_md.index("## GPU: the second H200 session") :]
+    gpu = " ".join(gpu[: gpu.index("## GPU: one H200 session")].split())  # lines joined
+    ms = lambda s: 1e3 * s["step_time_s"]["median"]  # noqa: E731
+    iqr = lambda r: f"[IQR {r['q1']:.3f}-{r['q3']:.3f}]"  # noqa: E731
+    gib = lambda r: f"{r['temp_bytes'] / 2**30:.1f} GiB"  # noqa: E731
+
+    parity = parts["a.parity_gpt"]["result"]
+    assert f"{parity['passed']} passed, {parity['failed']} failed" in gpu
+    t = parts["b.trainer"]["result"]
+    assert (
+        f"trainer {1e3 * t['trainer_s_per_step']:.1f} ms per step, bare "
+        f"{1e3 * t['bare_s_per_step']:.1f} ms, `trainer_over_bare` {t['trainer_over_bare']:.3f}; "
+        f"~{t['projected_h']:.1f} h"
+    ) in gpu
+
+    sets = parts["d.trm_sudoku_flags"]["result"]["sets"]
+    bases = [f"{ms(s):.1f}" for s in sets if s["name"] == "base"]
+    assert f"base {bases[0]} and {bases[1]} ms" in gpu
+    (off,) = [s for s in sets if s["name"] == "no_triton_gemm"]
+    (cb,) = [s for s in sets if s["name"] == "no_command_buffer"]
+    assert f"Triton GEMM off: {ms(off):.1f} ms, **x{off['ratio_to_base']:.3f}**" in gpu
+    assert f"command buffers off: x{cb['ratio_to_base']:.3f}" in gpu
+
+    v = _variant_rows(parts["d.trm_sudoku_variants"]["result"])
+    split, f32 = v["split_gate_up=True"], v["loss_dtype=float32"]
+    assert f"default {ms(v['']):.1f} ms" in gpu
+    assert (
+        f"`split_gate_up=true` {ms(split):.1f} ms, x{split['ratio_to_baseline']['median']:.3f} "
+        f"{iqr(split['ratio_to_baseline'])}"
+    ) in gpu
+    assert f"`loss_dtype=float32` x{f32['ratio_to_baseline']['median']:.3f}" in gpu
+    combo = _variant_rows(_run2("trm_combo_third_call.json"))
+    c_split = combo["split_gate_up=True"]
+    assert (
+        f"default {ms(combo['']):.1f} ms; `split_gate_up=true` {ms(c_split):.1f} ms, "
+        f"x{c_split['ratio_to_baseline']['median']:.3f} {iqr(c_split['ratio_to_baseline'])}. "
+        f"Temporary memory: {gib(combo[''])}, with `split_gate_up` {gib(c_split)} "
+        f"(Triton GEMM on: {gib(v[''])})"
+    ) in gpu
+    extra = (combo[""]["temp_bytes"] - v[""]["temp_bytes"]) / 2**30
+    assert f"It costs {round(extra)} GiB of temporary memory at batch 768 ({gib(combo[''])})" in gpu
+    cost = c_split["ratio_to_baseline"]["median"] - 1
+    assert f"for {100 * cost:.1f}% of the step time" in gpu
+
+    g = _variant_rows(_run2("gpt2_variants_second_call.json"))
+    lse, flat = g["cross_entropy_impl=logsumexp"], g["optim.adamw_flat=True"]
+    assert f"default {ms(g['']):.1f} ms" in gpu
+    assert (
+        f"`cross_entropy_impl=logsumexp` {ms(lse):.1f} ms, "
+        f"**x{lse['ratio_to_baseline']['median']:.3f}** {iqr(lse['ratio_to_baseline'])}, "
+        f"temporary memory {lse['temp_bytes'] / 2**20:,.0f} MiB instead of "
+        f"{g['']['temp_bytes'] / 2**20:,.0f}"
+    ) in gpu
+    assert (
+        f"`optim.adamw_flat=true` {ms(flat):.1f} ms, x{flat['ratio_to_baseline']['median']:.3f} "
+        f"{iqr(flat['ratio_to_baseline'])}"
+    ) in gpu
+    (no_triton,) = [
+        s for s in parts["d.gpt2_124m_flags"]["result"]["sets"] if s["name"] == "no_triton_gemm"
+    ]
+    assert f"Triton GEMM off: x{no_triton['ratio_to_base']:.3f}" in gpu
+    base, ln = _run2("gpt2_flags_third_call.log")
+    assert (base["name"], ln["name"]) == ("base", "cudnn_layer_norm")
+    assert f"cuDNN LayerNorm {ms(ln):.1f} ms beside one base run of {ms(base):.1f} ms" in gpu
+
+    e = parts["d.early_curve"]["result"]
+    last = e["rows"][-1]
+    worst = max(e["rows"], key=lambda r: r["lm_loss_rel_diff"] or 0)
+    assert e["halting_differs_at"] == [] and len(e["rows"]) == e["steps"] == 50
+    assert (
+        f"lm_loss at step {last['step']}: upstream {last['lm_loss'][0]:.4f}, ours "
+        f"{last['lm_loss'][1]:.4f}; the largest relative difference "
+        f"{e['lm_loss_rel_diff_max']:.2e} (step {worst['step']})"
+    ) in gpu
+    halted = [r["step"] for r in e["rows"] if r["halted"] == [768, 768]]
+    assert halted == [r["step"] for r in e["rows"] if any(r["halted"])] == [16, 32, 48]
+    assert (
+        f"upstream's pretrain.py {1e3 * e['upstream_s_per_step']:.0f} ms per step" in gpu
+        and f"ours {1e3 * e['ours_s_per_step']:.1f} ms" in gpu
+    )
+
+    def top(part, name):
+        (row,) = [r for r in parts[part]["result"]["rows"] if r[0] == name]
+        return row
+
+    for part, name, fig in (
+        ("c.trm_sudoku_jax", "custom-call", "{ms:.1f} ms in {n} calls"),
+        ("c.trm_sudoku_jax", "gemm_fusion_dot", "{ms:.1f} ms in {n}"),
+        ("c.trm_sudoku_jax", "loop_multiply_fusion", "{ms:.1f} ms"),
+        ("c.trm_sudoku_jax", "wrapped_concatenate", "{ms:.1f} ms in {n}"),
+        ("c.gpt2_124m_jax", "input_reduce_fusion", "{ms:.1f} ms in {n}"),
+        ("c.gpt2_124m_jax", "loop_add_fusion", "{ms:.1f} ms in {n}"),
+    ):
+        _, t_ms, n = top(part, name)
+        assert f"`{name}`) " + fig.format(ms=t_ms, n=n) in gpu or (
+            f"`{name}` " + fig.format(ms=t_ms, n=n) in gpu
+        ), (part, name)
+    for part in ("c.trm_sudoku_jax", "c.trm_sudoku_torch_compile", "c.gpt2_124m_jax",
+                 "c.gpt2_124m_torch_compile"):  # fmt: skip
+        assert f"{parts[part]['result']['traced_ms_per_step']:.1f} ms" in gpu, part
+
+    # the configs and the README quote the same figures
+    trm_cfg = _read("configs/experiment/trm_sudoku.yaml")
+    assert f"{off['ratio_to_base']:.2f}x the step time on an H200" in trm_cfg
+    gpt_cfg = _read("configs/model/gpt2_124m.yaml")
+    assert f"{lse['ratio_to_baseline']['median']:.3f}x the step time" in gpt_cfg
+    saved = 1 - lse["temp_bytes"] / g[""]["temp_bytes"]
+    assert f"{round(100 * saved)}% less temporary memory" in gpt_cfg
+    row = _readme_row("trm_sudoku")
+    assert f"bare step {ms(off):.1f} ms instead of {bases[0]} (x{off['ratio_to_base']:.2f})" in row
+    row = _readme_row("gpt2_124m")
+    assert f"x{lse['ratio_to_baseline']['median']:.3f} in a second H200 session" in row

@@ -24,6 +24,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from models.fields import out_of_range
+from train import xla_flags
 from train.compilation_cache import DEFAULT_DIR, DEFAULT_MIN_COMPILE_SECS
 from train.errors import ConfigError
 
@@ -45,6 +46,9 @@ class RunConfig:
     # A bucket run directory's one-writer lease (train/rundir.py): a trainer that has not renewed
     # it for this long (a killed job, a lost VM) loses the run directory to the next one.
     lease_ttl_s: float = 120.0
+    # XLA compiler flags for the run's process, e.g. "--xla_gpu_enable_triton_gemm=false"
+    # (train/xla_flags.py): set before the backend starts; your own XLA_FLAGS win a repeated flag.
+    xla_flags: str = ""
 
 
 @dataclass
@@ -246,6 +250,7 @@ def validate(cfg: DictConfig) -> None:
         "run.compilation_cache_min_compile_secs",
         allow_zero=True,
     )
+    xla_flags.parse(cfg.run.xla_flags)
     _check_trainer(cfg.trainer)
     _check_mesh(cfg.mesh)
     if cfg.logging.wandb not in ("auto", "online", "offline", "disabled"):

@@ -9,8 +9,8 @@ starts, every job's config is composed and validated, so a bad value in the last
 before the first job runs. Hydra writes nothing but a sweep's multirun.yaml and does not change
 directory (configs/config.yaml's `hydra:` section).
 
-Kept short on purpose (Flax examples/gemma style): distributed init, config, compilation cache,
-mesh, one call into the trainer. Environment for multi-process runs: JAX_COORDINATOR_ADDRESS,
+Kept short on purpose (Flax examples/gemma style): config, XLA flags (run.xla_flags, before any
+backend starts), distributed init, compilation cache, mesh, one call into the trainer. Environment for multi-process runs: JAX_COORDINATOR_ADDRESS,
 JAX_NUM_PROCESSES and JAX_PROCESS_ID (local runs and tests, launch/local.py); on Cloud TPU none are
 needed. Every process gets the same argv and composes the same config: no per-process directory.
 """
@@ -29,7 +29,7 @@ from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from train import gcs
+from train import gcs, xla_flags
 from train.compilation_cache import log_compilation_cache_stats, setup_compilation_cache
 from train.compose import CONFIG_DIR, load_config, register_schema, validate
 from train.distributed import initialize, quiet_tpu_probe
@@ -120,6 +120,7 @@ def _hydra_app(cfg) -> dict:
             # same sweep again resumes each job from its own
             cfg.run.name = f"{cfg.run.name}-{HydraConfig.get().job.num}"
         validate(cfg)
+        xla_flags.apply(cfg.run.xla_flags)  # a no-op when main() applied the same ones
     except ConfigError as e:
         exit_with(e)
     with one_run(cfg):
@@ -134,9 +135,11 @@ def main(argv: list[str] | None = None) -> None:
     try:  # Hydra's own composition errors span several lines; ours are one line
         if _is_plain(args):
             cfg = load_config(args)
+            xla_flags.apply(cfg.run.xla_flags)  # before any backend starts (make_mesh)
         for n, job in enumerate(sweep_jobs(args)):  # every job of a sweep, before the first runs
             try:
-                load_config(job)
+                # the jobs share this process, which reads XLA flags once: all must agree
+                xla_flags.apply(load_config(job).run.xla_flags)
             except ConfigError as e:
                 raise ConfigError(f"sweep job {n} ({' '.join(job)}): {e}") from e
     except ConfigError as e:
