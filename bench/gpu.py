@@ -793,9 +793,13 @@ class ProfilePart(_StepPart):
                 out["head"] = line
             elif "head" in out and (m := _PROFILE_ROW.match(line)):
                 out["rows"].append([m.group(3), float(m.group(1)), int(m.group(2))])
-        return out if "head" in out else {}
+        if "head" not in out:  # cut before its table; the HLO, written first, is in hlo.tar
+            return {k: out[k] for k in ("impl", "hlo") if "hlo" in out}
+        return out
 
     def headline(self, r):
+        if "traced_ms_per_step" not in r:
+            return f"no trace; its HLO: {r['hlo']}" if "hlo" in r else ""
         top = ", ".join(f"{name[:40]} {ms:.1f}" for name, ms, _ in r.get("rows", [])[:3])
         return f"{self.impl} {r['traced_ms_per_step']:.1f} ms per step traced; top ms: {top}"
 

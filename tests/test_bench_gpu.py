@@ -279,6 +279,26 @@ def test_parts_selects_the_named_parts_and_what_they_need():
     ]
 
 
+def test_a_profile_cut_before_its_table_still_records_the_hlo_it_kept(tmp_path):
+    """A JAX profile writes the step's HLO before it traces: one cut by its box between the two
+    has put the HLO into hlo.tar, and its record names it (every member of hlo.tar is named by
+    a record), with no per-op figures; a part that wrote nothing records nothing."""
+    ctx = gpu.Ctx(out=tmp_path / "out", work=tmp_path / "work", assets=tmp_path, dry_run=True)
+    ctx.out.mkdir()
+    ctx.work.mkdir()
+    part = gpu.ProfilePart("c", "gpt2_124m", "jax")
+    assert part.result(ctx, -9, "box") == {}
+    part.hlo_file(ctx).write_text("HloModule jit_train_step\n")
+    part.on_line(1.0, "wrote the optimised HLO to ...")
+    res = part.result(ctx, -9, "box")
+    assert res == {"impl": "jax", "hlo": "hlo.tar:c.gpt2_124m_jax.hlo.gz"}, res
+    assert part.headline(res) == "no trace; its HLO: hlo.tar:c.gpt2_124m_jax.hlo.gz"
+    import tarfile
+
+    with tarfile.open(ctx.out / gpu.HLO_TAR) as tar:
+        assert tar.getnames() == ["c.gpt2_124m_jax.hlo.gz"]
+
+
 def test_the_documented_plan_is_the_plan():
     """docs/benchmarks.md "What a GPU session runs": its table lists plan()'s parts in plan order,
     each with its GPU box."""
