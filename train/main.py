@@ -10,9 +10,10 @@ before the first job runs. Hydra writes nothing but a sweep's multirun.yaml and 
 directory (configs/config.yaml's `hydra:` section).
 
 Kept short on purpose (Flax examples/gemma style): config, XLA flags (run.xla_flags, before any
-backend starts), distributed init, compilation cache, mesh, one call into the trainer. Environment for multi-process runs: JAX_COORDINATOR_ADDRESS,
-JAX_NUM_PROCESSES and JAX_PROCESS_ID (local runs and tests, launch/local.py); on Cloud TPU none are
-needed. Every process gets the same argv and composes the same config: no per-process directory.
+backend starts), distributed init, compilation cache, mesh, one call into the trainer. Environment
+for multi-process runs: JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID (local runs
+and tests, launch/local.py); on Cloud TPU none are needed. Every process gets the same argv and
+composes the same config: no per-process directory.
 """
 
 from __future__ import annotations

@@ -20,13 +20,13 @@ _FLAG = re.compile(r"--[A-Za-z0-9_]+(=\S*)?")
 _applied: str | None = None  # the flags this process's backends start with, once set
 
 
-def parse(flags: str | None, where: str = "run.xla_flags") -> str:
-    """`flags` as one space-separated string; ConfigError naming `where` for a word that is not
-    `--name` or `--name=value`."""
+def parse(flags: str | None) -> str:
+    """`flags` as one space-separated string; a ConfigError names a word that is not `--name` or
+    `--name=value`."""
     words = (flags or "").split()
     for w in words:
         if not _FLAG.fullmatch(w):
-            raise ConfigError(f"{where}: {w!r} is not an XLA flag (--name or --name=value)")
+            raise ConfigError(f"run.xla_flags: {w!r} is not an XLA flag (--name or --name=value)")
     return " ".join(words)
 
 
