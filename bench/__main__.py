@@ -6,6 +6,8 @@ and `python -m bench gpu [...]` (one GPU session's whole plan, time-boxed)."""
 
 import sys
 
+from train.errors import user_errors
+
 
 def _main() -> None:
     argv = sys.argv[1:]
@@ -40,4 +42,5 @@ def _main() -> None:
 
 
 if __name__ == "__main__":
-    _main()
+    with user_errors():  # a ConfigError is one line
+        _main()

@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from train.errors import ConfigError
+
 
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
@@ -100,7 +102,9 @@ def get(name: str) -> BenchConfig:
     try:
         return CONFIGS[name]
     except KeyError:
-        raise KeyError(f"bench: unknown config {name!r}; known: {sorted(CONFIGS)}") from None
+        raise ConfigError(
+            f"bench: unknown config {name!r}; known: {', '.join(sorted(CONFIGS))}"
+        ) from None
 
 
 # ----------------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ import sys
 import time
 
 from bench.machine import detect_device, loadavg, result_header
+from train.errors import user_errors
 
 EXPERIMENT = "trm_sudoku_tiny"
 OTHER = "../shared/data/sudoku/sudoku-hard-test-1k/test.csv"
@@ -181,4 +182,5 @@ def _write(result: dict, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with user_errors():  # a ConfigError is one line
+        main()

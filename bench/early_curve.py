@@ -41,6 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
+from train.errors import user_errors
+
 METRICS = ("lm_loss", "q_halt_loss", "accuracy", "exact_accuracy", "steps")
 
 
@@ -228,4 +230,5 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    with user_errors():  # a ConfigError is one line
+        main(sys.argv[1:])

@@ -63,6 +63,8 @@ import threading
 import time
 from pathlib import Path
 
+from train.errors import user_errors
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = "results.jsonl"
 SUMMARY = "summary.md"
@@ -1252,4 +1254,5 @@ def main(argv: list[str] | None = None):
 
 
 if __name__ == "__main__":
-    main()
+    with user_errors():  # a ConfigError is one line
+        main()

@@ -31,6 +31,8 @@ import os
 import re
 import tempfile
 
+from train.errors import user_errors
+
 _CONTAINERS = ("cond", "while", "call")
 # XLA:GPU replays runs of kernels as CUDA graphs; a trace then shows one `command_buffer` event
 # per graph instead of its ops. Off for a profile (the traced trm_sudoku step on an H100: 240 ms
@@ -267,4 +269,5 @@ def _print_summary(trace: str, steps: int, top: int, head: str) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with user_errors():  # a ConfigError is one line
+        main()

@@ -10,6 +10,8 @@ import json
 import sys
 from pathlib import Path
 
+from train.errors import user_errors
+
 # ----------------------------------------------------------------------------------------------
 # Rows (what the console and the Markdown tables both show)
 
@@ -256,4 +258,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with user_errors():  # a ConfigError is one line
+        main()

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from train.errors import user_errors
+
 
 def _bare(task, batches, step_fn) -> float:
     """Seconds per step of the jitted step over pre-placed batches, one sync at the end."""
@@ -156,4 +158,5 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    with user_errors():  # a ConfigError is one line
+        main()

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from bench.machine import detect_device, result_header
+from train.errors import user_errors
 
 
 def _evaluate(run: str, data: str, **options) -> tuple[dict, float]:
@@ -202,4 +203,5 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    with user_errors():  # a ConfigError is one line
+        main()

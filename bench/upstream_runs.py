@@ -33,6 +33,8 @@ import sys
 import types
 from pathlib import Path
 
+from train.errors import user_errors
+
 NANOGPT_SEED_LINE = "torch.manual_seed(1337 + seed_offset)"
 NANOGPT_CONFIG = "config/train_shakespeare_char.py"
 
@@ -143,4 +145,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with user_errors():  # a ConfigError is one line
+        main()

@@ -32,6 +32,8 @@ import sys
 import tempfile
 import time
 
+from train.errors import user_errors
+
 
 def _parse(item: str) -> dict:
     from bench.harness import parse_value
@@ -228,4 +230,5 @@ def flag_sweep(args) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    with user_errors():  # a ConfigError is one line
+        main(sys.argv[1:])

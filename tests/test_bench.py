@@ -5,6 +5,9 @@ that the tables and records hold what was measured (the FLOP counts: tests/test_
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -17,6 +20,15 @@ from models.gpt import GPTConfig
 from models.gpt.flops import gpt_flops_per_token
 from models.trm import TRMConfig
 from models.trm.flops import trm_flops_per_step
+from tests.helpers import REPO
+
+
+def _repo_env() -> dict:
+    """This environment with the checkout importable from any working directory."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+    return env
+
 
 # --------------------------------------------------------------------------------------------
 # Peak FLOP/s (the counts themselves: tests/test_flops.py)
@@ -224,6 +236,30 @@ def test_gpu_requested_without_gpu_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="--device gpu, but nvidia-smi lists no NVIDIA GPU"):
         harness.main(["--device", "gpu", "--out", str(tmp_path)])
     assert not any(tmp_path.iterdir()), "nothing is written before the device is checked"
+
+
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        (["bench", "--configs", "trm_sudoku_tiny,nope"], "unknown config 'nope'; known: gpt2_124m"),
+        (["bench.profile", "nope"], "unknown config 'nope'; known: gpt2_124m"),
+        (
+            ["bench.variants", "trm_sudoku_tiny", "--variant", "nosuch=1"],
+            "unknown key(s) ['nosuch']",
+        ),
+    ],
+)
+def test_bench_commands_name_bad_input_in_one_line(tmp_path, argv, names):
+    """An unknown bench config or model key: exit 1 and one line naming it (no traceback), before
+    anything is compiled or written."""
+    cmd = [sys.executable, "-m", *argv]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=_repo_env(), capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: "), proc.stderr
+    assert names in proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert not any(tmp_path.iterdir()), "nothing is written"
 
 
 def test_jax_model_override_values():

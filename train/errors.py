@@ -46,6 +46,16 @@ def exit_with(e: BaseException, prefix: str = "error: "):
     sys.exit(prefix + one_line(e, limit=10_000))
 
 
+@contextlib.contextmanager
+def user_errors(prefix: str = "error: "):
+    """A command's body: a ConfigError raised inside ends the command with its one line
+    (`exit_with`), as `python -m train.main` does. The bench commands run under it."""
+    try:
+        yield
+    except ConfigError as e:
+        exit_with(e, prefix)
+
+
 EXIT_DISK_FULL = 74  # sysexits.h EX_IOERR: free some space, then run the same command again
 
 # How a full disk (or an exhausted quota) reads in an exception: OSError's errno, or the text of
