@@ -53,7 +53,7 @@ def get_encoding(name: str):
     try:
         return tiktoken.get_encoding(name)
     except Exception as e:  # tiktoken raises requests/urllib errors when its files are missing
-        raise RuntimeError(
+        raise cli.BuildError(
             f"tiktoken encoding {name!r} is not available ({type(e).__name__}: {e}). It downloads "
             "its BPE files on first use: run once online, or point TIKTOKEN_CACHE_DIR at a cache "
             "that has them; offline tests use --encoding bytes."
@@ -114,7 +114,7 @@ class _HubDocuments:
         try:
             import datasets
         except ImportError as e:
-            raise RuntimeError("--hf-dataset needs `pip install datasets` (and network)") from e
+            raise cli.BuildError("--hf-dataset needs `pip install datasets` (and network)") from e
         self.ds = datasets.load_dataset(name, split="train")
 
     def __len__(self) -> int:
@@ -220,4 +220,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

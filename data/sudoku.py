@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
 import numpy as np
 from tqdm import tqdm
 
+from data import cli
 from data.puzzle_format import PuzzleArrays, make_metadata, write_dataset
 from data.sudoku_sources import (
     DEFAULT_CACHE,
@@ -345,4 +345,4 @@ def _print_summary(s: dict) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli.run(main)

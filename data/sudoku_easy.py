@@ -29,6 +29,7 @@ import sys
 
 import numpy as np
 
+from data import cli
 from data.sudoku import build_sudoku
 from data.sudoku_sources import SudokuRecords, generate_records, read_sudoku_csv
 
@@ -89,21 +90,36 @@ def build_easy_sudoku(
     )
 
 
+KEYS = ("train", "test", "blanks", "num_aug", "seed", "unique", "test_csv")  # build_easy_sudoku's
+
+
 def main(argv: list[str]) -> dict:
-    """CLI-style entry used by the trainer's data.build hook: --output-dir DIR key=value ..."""
+    """CLI-style entry used by the trainer's data.build hook: --output-dir DIR key=value ...
+    ValueError naming the argument for a bad one (an unknown key, a number that is not one)."""
     kw, out = {}, None
     it = iter(argv)
     for a in it:
         if a == "--output-dir":
-            out = next(it)
-        else:
-            k, v = a.split("=", 1)
+            out = next(it, None)
+            continue
+        k, eq, v = a.partition("=")
+        if not eq or k not in KEYS:
+            raise ValueError(
+                f"sudoku_easy: {a!r}: expected key=value, key one of {', '.join(KEYS)}"
+            )
+        try:
             kw[k] = v if k == "test_csv" else int(v)
+        except ValueError:
+            raise ValueError(f"sudoku_easy: {a!r}: {k} must be a whole number") from None
+    missing = [k for k in ("train", "test", "blanks", "num_aug") if k not in kw]
+    if out is None or missing:
+        raise ValueError(
+            "sudoku_easy: expected --output-dir DIR and "
+            + " ".join(f"{k}=N" for k in ("train", "test", "blanks", "num_aug"))
+            + (f"; missing {', '.join(missing)}" if missing else "; missing --output-dir")
+        )
     return build_easy_sudoku(out, **kw)
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except (ValueError, TypeError, OSError) as e:  # a bad or unknown key, a missing or bad CSV
-        raise SystemExit(f"error: {e}") from None
+    cli.run(main, sys.argv[1:])

@@ -390,6 +390,41 @@ def test_text_data_offline_is_one_line_naming_the_trainers_key(tmp_path, monkeyp
     assert "--input" not in str(e.value) and "\n" not in str(e.value)
 
 
+_SUDOKU_EASY = ["train=10", "test=10", "blanks=30", "num_aug=0"]
+
+
+@pytest.mark.parametrize(
+    "build, build_args, expected",
+    [
+        ("sudoku_easy", ["train=abc", *_SUDOKU_EASY[1:]], "'train=abc': train must be a whole"),
+        ("sudoku_easy", [*_SUDOKU_EASY, "blank=3"], "'blank=3': expected key=value, key one of"),
+        ("sudoku_easy", _SUDOKU_EASY[:2], "missing blanks, num_aug"),
+        ("sudoku_easy", ["train=0", "test=2", "blanks=70", "num_aug=0"], "use blanks <= 53"),
+        ("sudoku_eazy", _SUDOKU_EASY, "data.build='sudoku_eazy': no module data.sudoku_eazy"),
+    ],
+)
+def test_a_failed_data_build_is_one_line_naming_the_keys(tmp_path, build, build_args, expected):
+    """data.build with a bad data.build_args value or an unknown builder: one ConfigError line
+    naming data.build and the value, not the builder's traceback."""
+    from train.families.trm.data import prepare_data
+
+    d = {"path": str(tmp_path / "sudoku"), "build": build, "build_args": build_args}
+    with pytest.raises(ConfigError) as e:
+        prepare_data(d)
+    msg = str(e.value)
+    assert "\n" not in msg and expected in msg, msg
+    assert msg.startswith("data.build="), msg
+
+
+def test_text_data_from_a_missing_input_is_one_line_naming_the_trainers_key(tmp_path):
+    from train.families.gpt.data import prepare_data
+
+    path, missing = str(tmp_path / "shakespeare_char"), str(tmp_path / "input.txt")
+    with pytest.raises(ConfigError, match=f"data.input='{missing}' failed: .*No such file") as e:
+        prepare_data({"path": path, "build": "shakespeare_char", "input": missing})
+    assert "\n" not in str(e.value)
+
+
 def test_resume_settings_are_what_shapes_the_saved_state():
     """A checkpoint records the settings its state depends on (train.trainer.resume_settings): a
     changed one is refused by name on resume. Implementation choices that compute the same

@@ -19,7 +19,7 @@ from data.download import DownloadError
 from data.shakespeare_char import build as build_shakespeare_char
 from data.text_source import read_meta, read_token_bin, train_dataset
 from models.fields import ranged
-from train.errors import ConfigError
+from train.errors import ConfigError, one_line
 from train.task import build_once
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,11 @@ def prepare_data(d: dict) -> dict:
                 f"data.path={path!r} holds no train.bin, and building it could not download "
                 f"{e.url} ({e.reason}); offline? set data.input=path/to/input.txt "
                 "(tiny-shakespeare's input.txt)"
+            ) from e
+        except (OSError, ValueError) as e:  # data.input missing or unreadable
+            raise ConfigError(
+                f"data.path={path!r} holds no train.bin, and building it from data.input="
+                f"{d.get('input')!r} failed: {one_line(e)}"
             ) from e
     try:
         return read_meta(path)

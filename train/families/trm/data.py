@@ -16,7 +16,7 @@ import os
 
 from data.puzzle_format import load_metadata, load_split
 from models.fields import ranged
-from train.errors import ConfigError
+from train.errors import ConfigError, one_line
 from train.task import build_once
 
 log = logging.getLogger(__name__)
@@ -60,8 +60,23 @@ def prepare_data(d) -> None:
         )
     args = [*d.get("build_args", []), "--output-dir", path]
     module = builder if "." in builder else f"data.{builder}"
+    try:
+        main = importlib.import_module(module).main
+    except ModuleNotFoundError as e:
+        if e.name is None or not (module + ".").startswith(e.name + "."):
+            raise  # the builder exists; something it imports is missing
+        raise ConfigError(
+            f"data.build={builder!r}: no module {module} (a builder of data/, e.g. sudoku_easy, "
+            "or the module path of one with main(argv))"
+        ) from e
     log.info("building %s into %s: %s", builder, path, args)
-    build_once("trm_data_built", lambda: importlib.import_module(module).main(args))
+    try:
+        build_once("trm_data_built", lambda: main(args))
+    except (OSError, ValueError) as e:  # a bad build_args value, a missing input file
+        raise ConfigError(
+            f"data.build={builder} with data.build_args={list(d.get('build_args', []))}: "
+            f"{one_line(e)}"
+        ) from e
 
 
 def data_sizes(data_dir: str) -> dict:
