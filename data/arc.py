@@ -60,7 +60,7 @@ from data.augment import (
     random_colour_permutation,
 )
 from data.download import fetch
-from data.puzzle_format import PuzzleArrays, make_metadata, write_dataset
+from data.puzzle_format import PuzzleArrays, check_output_dir, make_metadata, write_dataset
 
 GRID = 30
 SEQ_LEN = GRID * GRID
@@ -291,6 +291,7 @@ def build(
 ) -> dict:
     t0 = time.time()
     output_dir = Path(output_dir)
+    check_output_dir(output_dir, overwrite)
     if test_set_name not in subsets:
         raise ValueError(
             f"--test-set-name {test_set_name!r} is not one of --subsets {list(subsets)}"

@@ -36,7 +36,13 @@ from tqdm import tqdm
 from data import cli
 from data.augment import dihedral_transform
 from data.download import fetch
-from data.puzzle_format import PuzzleArrays, load_split, make_metadata, write_dataset
+from data.puzzle_format import (
+    PuzzleArrays,
+    check_output_dir,
+    load_split,
+    make_metadata,
+    write_dataset,
+)
 
 CHARSET = "# SGo"  # token id = 1 + index; 0 is PAD
 GRID = 30
@@ -179,6 +185,7 @@ def build(
 ) -> dict:
     t0 = time.time()
     out_dir = Path(out_dir)
+    check_output_dir(out_dir, overwrite)
     data, origin = _load_source(source, Path(cache_dir or out_dir.parent / ".maze_download"))
     splits, summary = {}, {"source": origin}
     for split in tqdm(("train", "test"), desc="maze"):

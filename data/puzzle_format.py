@@ -288,6 +288,30 @@ def _token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint8) if vocab_size <= 256 else np.dtype(np.int32)
 
 
+def check_output_dir(root: str | os.PathLike, overwrite: bool) -> None:
+    """FileExistsError naming `root` unless a data set may be written there: `root` does not
+    exist, or `overwrite` and it is an empty folder or a data set of this layout (identifiers.json
+    or a split's dataset.json). Nothing else is ever replaced: not a file, not a folder of other
+    things (a mistyped output folder must not cost its contents). Builders call it before their
+    work; write_dataset calls it again."""
+    root = os.path.abspath(os.fspath(root))
+    if not os.path.lexists(root):
+        return
+    if not overwrite:
+        raise FileExistsError(f"{root} exists; pass overwrite=True (builders: --overwrite)")
+    if not os.path.isdir(root):
+        raise FileExistsError(f"{root} is a file, not a data set folder: not replaced")
+    entries = os.listdir(root)
+    if entries and not (
+        "identifiers.json" in entries
+        or any(os.path.isfile(os.path.join(root, s, "dataset.json")) for s in SPLITS)
+    ):
+        raise FileExistsError(
+            f"{root} holds {len(entries)} entries but no data set (no identifiers.json or "
+            "<split>/dataset.json): not replaced; empty it or choose another folder"
+        )
+
+
 def write_dataset(
     root: str | os.PathLike,
     splits: Mapping[str, tuple[PuzzleDatasetMetadata, Mapping[str, PuzzleArrays]]],
@@ -304,8 +328,7 @@ def write_dataset(
     writes ``<root>/test_puzzles.json``.
     """
     root = os.path.abspath(os.fspath(root))
-    if os.path.exists(root) and not overwrite:
-        raise FileExistsError(f"{root} exists; pass overwrite=True (builders: --overwrite)")
+    check_output_dir(root, overwrite)
     for split, (meta, sets) in splits.items():
         if split not in SPLITS:
             raise ValueError(f"split {split!r} not in {SPLITS}")

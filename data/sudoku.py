@@ -36,7 +36,7 @@ import numpy as np
 from tqdm import tqdm
 
 from data import cli
-from data.puzzle_format import PuzzleArrays, make_metadata, write_dataset
+from data.puzzle_format import PuzzleArrays, check_output_dir, make_metadata, write_dataset
 from data.sudoku_sources import (
     DEFAULT_CACHE,
     VOCAB_SIZE,
@@ -155,6 +155,7 @@ def build_sudoku(
 ) -> dict:
     """Filter, subsample (train; test only if ``test_subsample_size``), augment (train), check and
     write ``output_dir``; returns a summary dict (counts, bytes, seconds)."""
+    check_output_dir(output_dir, overwrite)
     t0 = time.perf_counter()
     splits = {}
     summary = {"output_dir": os.path.abspath(output_dir), "seed": seed, "num_aug": num_aug}
@@ -259,6 +260,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> dict:
     args = _parser().parse_args(argv)
+    check_output_dir(args.output_dir, args.overwrite)  # before minutes of generating
     progress = not args.no_progress
     t0 = time.perf_counter()
     # Generated puzzles must need at least one guess unless asked otherwise: a minimal puzzle that

@@ -30,6 +30,8 @@ CASES = [
      "{tmp}/arc_training_challenges.json not found"),
     (["data.sudoku_easy", "--output-dir", "{tmp}/out", "train=ten", "test=1", "blanks=30",
       "num_aug=0"], "'train=ten': train must be a whole number"),
+    (["data.sudoku", "--generate", "5", "--output-dir", "{tmp}/taken", "--overwrite"],
+     "{tmp}/taken holds 1 entries but no data set"),
     (["data.openwebtext", "--input", "{tmp}/docs.txt", "--encoding", "bytes", "--out-dir",
       "{tmp}/out"], "input {tmp}/docs.txt does not exist"),
 ]  # fmt: skip
@@ -37,16 +39,19 @@ CASES = [
 
 @pytest.mark.parametrize("args, names", CASES, ids=[c[0][0] for c in CASES])
 def test_a_bad_input_is_one_line_naming_it(tmp_path, args, names):
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
     args = [a.format(tmp=tmp_path) for a in args]
     proc = _run(args, tmp_path)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
     assert names.format(tmp=tmp_path) in proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
+    assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
 
 
 def test_hydra_full_error_gives_the_traceback(tmp_path):
-    proc = _run(["data.maze", "--source", str(tmp_path / "maze"), "--out-dir", str(tmp_path)],
-                tmp_path, HYDRA_FULL_ERROR="1")  # fmt: skip
+    args = ["data.maze", "--source", str(tmp_path / "maze"), "--out-dir", str(tmp_path / "out")]
+    proc = _run(args, tmp_path, HYDRA_FULL_ERROR="1")
     assert proc.returncode == 1 and "Traceback" in proc.stderr, proc.stderr[-2000:]
     assert "FileNotFoundError" in proc.stderr

@@ -131,6 +131,24 @@ def test_writer_is_atomic_and_refuses_to_clobber(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["ds"]
 
 
+def test_overwrite_replaces_only_an_empty_folder_or_a_data_set(tmp_path):
+    """overwrite=True never costs what is not a data set: a file or a folder of other things at
+    the output path is refused (FileExistsError naming it) and left as it was; an empty folder is
+    written into."""
+    arrays = _random_arrays(np.random.default_rng(5))
+    (tmp_path / "file").write_text("mine")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "notes.txt").write_text("mine")
+    for name, why in (("file", "is a file"), ("folder", "holds 1 entries but no data set")):
+        with pytest.raises(FileExistsError, match=f"{tmp_path / name} {why}"):
+            _write(tmp_path, arrays, name=name, overwrite=True)
+    assert (tmp_path / "file").read_text() == (tmp_path / "folder" / "notes.txt").read_text()
+    assert sorted(os.listdir(tmp_path)) == ["file", "folder"], "nothing else left behind"
+    (tmp_path / "empty").mkdir()
+    root, _ = _write(tmp_path, arrays, name="empty", overwrite=True)
+    np.testing.assert_array_equal(load_split(root, "train", raw=True).all.inputs, arrays.inputs)
+
+
 def _corrupt(root, field, value):
     np.save(os.path.join(root, "train", f"all__{field}.npy"), value)
 

@@ -416,6 +416,24 @@ def test_a_failed_data_build_is_one_line_naming_the_keys(tmp_path, build, build_
     assert msg.startswith("data.build="), msg
 
 
+@pytest.mark.parametrize("what", ["file", "folder"])
+def test_a_data_path_that_is_not_a_data_set_is_refused_and_kept(tmp_path, what):
+    """data.path naming a file, or a folder of other things, with data.build set: one ConfigError
+    line naming data.path, before any build, and what is there stays (the builder replaces only
+    an empty folder or a data set)."""
+    from train.families.trm.data import prepare_data
+
+    path = tmp_path / "mine"
+    mine = path / "notes.txt" if what == "folder" else path
+    mine.parent.mkdir(exist_ok=True)
+    mine.write_text("mine")
+    d = {"path": str(path), "build": "sudoku_easy", "build_args": _SUDOKU_EASY}
+    with pytest.raises(ConfigError, match=f"data.path='{path}' has no train/dataset.json") as e:
+        prepare_data(d)
+    assert "\n" not in str(e.value) and "not replaced" in str(e.value)
+    assert mine.read_text() == "mine" and sorted(os.listdir(tmp_path)) == ["mine"]
+
+
 def test_text_data_from_a_missing_input_is_one_line_naming_the_trainers_key(tmp_path):
     from train.families.gpt.data import prepare_data
 

@@ -140,6 +140,24 @@ def test_a_run_that_stops_before_writing_leaves_no_run_directory(tmp_path):
     assert (tmp_path / "runs" / "r" / rundir.LOCK_FILE).read_text() == ""
 
 
+@pytest.mark.parametrize(
+    "out_dir, name, why",
+    [("file", "r", "a file is on its path"), ("runs", "file", "it is a file")],
+)
+def test_a_run_directory_that_is_a_file_is_one_line(tmp_path, out_dir, name, why):
+    """run.out_dir or run.name naming a file: one ConfigError line naming the run directory and
+    the keys, before anything is written; the file stays as it was."""
+    (tmp_path / "runs").mkdir()
+    mine = tmp_path / "file" if out_dir == "file" else tmp_path / "runs" / "file"
+    mine.write_text("mine")
+    cfg = load_config(tiny_gpt_overrides(str(tmp_path / "data"), str(tmp_path / out_dir), name))
+    run_dir = tmp_path / out_dir / name
+    with pytest.raises(ConfigError, match=f"run directory {run_dir} .run.out_dir / run.name. "
+                       f"cannot be made: {why}$"):  # fmt: skip
+        train(cfg, _one_device(cfg))
+    assert mine.read_text() == "mine"
+
+
 def test_launch_tpu_run_refuses_a_claimed_run_directory_with_the_same_line(tmp_path, monkeypatch):
     """launch.tpu's run script (run here with bash; code dir = this checkout) checks the claim
     before it starts anything: a held run directory is the trainer's own line, exit 1, no

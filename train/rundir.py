@@ -114,7 +114,14 @@ class LocalClaim:
 
     def acquire(self) -> None:
         self.created = not self.run_dir.exists()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError, PermissionError) as e:  # a file on the way
+            why = {FileExistsError: "it is a file", NotADirectoryError: "a file is on its path"}
+            raise ConfigError(
+                f"run directory {self.run_dir} (run.out_dir / run.name) cannot be made: "
+                f"{why.get(type(e), e.strerror)}"
+            ) from e
         for _ in range(3):
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by children
             try:

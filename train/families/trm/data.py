@@ -14,7 +14,7 @@ import json
 import logging
 import os
 
-from data.puzzle_format import load_metadata, load_split
+from data.puzzle_format import check_output_dir, load_metadata, load_split
 from models.fields import ranged
 from train.errors import ConfigError, one_line
 from train.task import build_once
@@ -58,6 +58,10 @@ def prepare_data(d) -> None:
             f"data.path={path!r} has no train/dataset.json; build it first "
             "(python -m data.sudoku / data.maze / data.arc, see configs/data/)"
         )
+    try:  # the builder replaces what is there: only nothing, an empty folder or a data set
+        check_output_dir(path, overwrite=True)
+    except FileExistsError as e:
+        raise ConfigError(f"data.path={path!r} has no train/dataset.json to read and {e}") from e
     args = [*d.get("build_args", []), "--output-dir", path]
     module = builder if "." in builder else f"data.{builder}"
     try:
