@@ -9,6 +9,8 @@ import csv
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ import yaml
 
 from data.puzzle_format import load_split
 from parity.compare import EXACT, assert_close
-from tests.helpers import build_tiny_sudoku, tiny_trm_overrides
+from tests.helpers import REPO, build_tiny_sudoku, tiny_trm_overrides
 from train.compose import load_config
 from train.errors import ConfigError
 from train.evaluate import evaluate, main
@@ -311,6 +313,14 @@ def test_bad_input_is_one_line(run, exported, tmp_path):
     with pytest.raises(ConfigError, match="--extra-steps -1"):
         evaluate(run_dir, extra_steps=-1)
     assert "mesh=nope: no " in _one_line_error(None, [run_dir, "mesh=nope"])
+    # an override that reshapes the model: the command prints its one line and nothing after it
+    # (the restore's abandoned reads are collected before it exits)
+    cmd = [sys.executable, "-m", "train.evaluate", run_dir, "model.hidden_size=8"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    lines = [line for line in proc.stderr.splitlines() if "compilation cache" not in line]
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-3000:]
+    assert "does not restore onto the model" in lines[0], lines
+    assert "not compatible with the stored shape" in lines[0], lines
     # overrides of a run's config: another mesh preset and eval batch, the same counts
     base = evaluate(run_dir)
     other = evaluate(run_dir, overrides=["mesh=cpu", "data.eval_batch_size=8"])

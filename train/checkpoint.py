@@ -110,9 +110,9 @@ class Checkpointer:
         it propagates. `steps`: the ones to try (default every saved step). ConfigError when
         steps exist but none restores."""
         steps = sorted(self.manager.all_steps() if steps is None else steps, reverse=True)
-        damaged = []
+        damaged, failed = [], []  # failed: damaged, or of another model (its error propagates)
         # from before the first read: a failing one reports at once
-        quiet = _abandoned_reads_dropped(lambda: bool(damaged)) if steps else nullcontext()
+        quiet = _abandoned_reads_dropped(lambda: bool(failed)) if steps else nullcontext()
         with quiet:
             for step in steps:
                 try:
@@ -123,10 +123,12 @@ class Checkpointer:
                 except ConfigError:
                     raise
                 except Exception as e:
+                    failed.append(step)
                     if _does_not_fit(e) and not move_aside:  # a reader's config.yaml
                         raise ConfigError(
                             f"{self.directory / str(step)} does not restore onto the model of "
-                            f"its run's config.yaml ({_why(e, limit=200)})"
+                            f"its run's config.yaml and the command's overrides "
+                            f"({_why(e, limit=200)})"
                         ) from e
                     if _does_not_fit(e):  # intact files of another model: not damage, none moved
                         raise ConfigError(
