@@ -54,6 +54,11 @@ def load_file(path: str | os.PathLike) -> dict:
         ) from e
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
+    except (EOFError, KeyError, UnicodeDecodeError, RuntimeError) as e:
+        # what torch.load raises on an empty, text or other file (a bare key: "KeyError: 105"),
+        # or on a damaged archive
+        why = " ".join(f"{type(e).__name__}: {e}".split()[:12])
+        raise ValueError(f"{path} is not a torch checkpoint, or a damaged one ({why})") from e
     except pickle.UnpicklingError as e:
         if "Unsupported global" not in str(e):  # no pickled code: not a checkpoint at all
             why = " ".join(str(e).split("WeightsUnpickler error:")[-1].split()[:8])

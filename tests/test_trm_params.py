@@ -85,6 +85,19 @@ def test_pt_file_loads_and_pickled_code_is_refused(tmp_path):
         load_file(bad)
 
 
+@pytest.mark.parametrize(
+    "content", [b"", b"hi\n", bytes(range(256)) * 4], ids=["empty", "text", "binary"]
+)
+def test_a_file_that_is_not_a_checkpoint_is_one_value_error_naming_it(tmp_path, content):
+    """torch.load's own errors on such files say little ("KeyError: 105"): load_file names the
+    file and what it is not."""
+    path = tmp_path / "weights.pt"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=f"{path} is not a torch checkpoint") as e:
+        load_file(path)
+    assert "\n" not in str(e.value)
+
+
 def test_buffers_are_not_params():
     """H_init/L_init and the puzzle table are never seen by AdamATan2 / the EMA."""
     cfg = tiny_config("att", "float32")

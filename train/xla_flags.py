@@ -10,10 +10,13 @@ does not know stops the process at its start with XLA's own line, "Unknown flag 
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 
 from train.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 _FLAG = re.compile(r"--[A-Za-z0-9_]+(=\S*)?")
 
@@ -50,3 +53,5 @@ def apply(flags: str | None) -> None:
         return
     os.environ["XLA_FLAGS"] = merged(flags, os.environ.get("XLA_FLAGS"))
     _applied = flags
+    if flags:  # said before XLA reads them: its own line follows if it does not know one
+        log.info("XLA_FLAGS=%r (run.xla_flags, then the shell's)", os.environ["XLA_FLAGS"])
