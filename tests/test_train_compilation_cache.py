@@ -147,6 +147,28 @@ def test_users_own_jax_cache_dir_wins(tmp_path, theirs):
         assert "USED None ''" in out, out
 
 
+@pytest.mark.parametrize("under", ["", "sub"])
+def test_a_cache_dir_that_is_a_file_is_one_line(tmp_path, under):
+    """run.compilation_cache_dir naming a file (or a folder under one): `python -m train.main`
+    stops in one line naming the key and the file, before anything compiles (JAX itself would
+    warn at each program and cache nothing)."""
+    mine = tmp_path / "file"
+    mine.write_text("mine")
+    cache = mine / under if under else mine
+    cmd = [sys.executable, "-m", "train.main", "+experiment=trm_sudoku_tiny",
+           f"run.compilation_cache_dir={cache}", f"run.out_dir={tmp_path / 'runs'}",
+           f"data.path={tmp_path / 'data'}", "data.build=null", "logging.wandb=disabled"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == (
+        f"error: run.compilation_cache_dir={str(cache)!r}: {mine} is a file, not a folder; name "
+        "a folder, or null to turn the cache off"
+    ), done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and mine.read_text() == "mine"
+
+
 def test_cache_dir_values():
     """`~` is expanded and a relative path made absolute (stable if the working directory
     changes); gs:// and other URLs go to JAX (etils.epath) untouched; None/empty = off."""

@@ -29,6 +29,8 @@ import threading
 
 import jax
 
+from train.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 DEFAULT_DIR = "~/.cache/trm-jax-xla"  # beside ~/.cache/trm-jax-wandb and ~/.cache/trm-jax-arc
@@ -97,6 +99,21 @@ def resolve_dir(cache_dir: str | None) -> str | None:
     return os.path.abspath(os.path.expanduser(cache_dir))
 
 
+def _check_local_dir(path: str, given) -> None:
+    """ConfigError when the local cache folder cannot be one: it, or a folder on its way, is a
+    file (JAX would warn at every program and cache nothing)."""
+    if is_url(path):
+        return
+    probe = path
+    while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ConfigError(
+            f"run.compilation_cache_dir={given!r}: {probe} is a file, not a folder; name a "
+            "folder, or null to turn the cache off"
+        )
+
+
 def setup_compilation_cache(
     cache_dir: str | None = DEFAULT_DIR,
     min_compile_secs: float = DEFAULT_MIN_COMPILE_SECS,
@@ -142,6 +159,7 @@ def setup_compilation_cache(
     else:
         if min_compile_secs < 0:
             raise ValueError(f"min_compile_secs must be >= 0, got {min_compile_secs}")
+        _check_local_dir(ours, cache_dir)
         # JAX creates the directory (local or gs:// through etils.epath) when it opens the cache.
         jax.config.update("jax_compilation_cache_dir", ours)
         if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:

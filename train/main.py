@@ -82,9 +82,12 @@ def one_run(cfg):
     """The process around one run of the app (a plain run, or one job of a sweep): the
     compilation cache (process-wide, so here, before the first compile), and the run's failures
     as one line and an exit status instead of a traceback. The body calls train.trainer.train."""
-    setup_compilation_cache(
-        cfg.run.compilation_cache_dir, cfg.run.compilation_cache_min_compile_secs
-    )
+    try:
+        setup_compilation_cache(
+            cfg.run.compilation_cache_dir, cfg.run.compilation_cache_min_compile_secs
+        )
+    except ConfigError as e:
+        exit_with(e)
     try:
         yield
     except BaseException as e:
