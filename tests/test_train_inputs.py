@@ -28,6 +28,7 @@ from tests.helpers import (
     REPO,
     build_tiny_sudoku,
     build_tiny_text,
+    losses,
     tiny_gpt_overrides,
     tiny_trm_overrides,
 )
@@ -441,6 +442,20 @@ def test_text_data_from_a_missing_input_is_one_line_naming_the_trainers_key(tmp_
     with pytest.raises(ConfigError, match=f"data.input='{missing}' failed: .*No such file") as e:
         prepare_data({"path": path, "build": "shakespeare_char", "input": missing})
     assert "\n" not in str(e.value)
+
+
+def test_a_best_metric_no_evaluation_logs_is_said_once(sudoku_dir, tmp_path, caplog):
+    """checkpoint.best_metric misspelt: one warning at the first evaluation naming it and the
+    metrics there are (the run goes on: nothing is lost but the best checkpoint)."""
+    overrides = tiny_trm_overrides(sudoku_dir, str(tmp_path), "r")
+    cfg = load_config([*overrides, "checkpoint.best_metric=eval/all/exact_acuracy"])
+    caplog.set_level(logging.WARNING)
+    train(cfg, make_mesh(cfg.mesh, devices=jax.devices()[:1]))
+    said = [r.message for r in caplog.records if "checkpoint.best_metric" in r.message]
+    assert len(said) == 1, said  # two evaluations (data.eval_interval_epochs=1, 2 epochs)
+    assert said[0].startswith("checkpoint.best_metric='eval/all/exact_acuracy' is not one of")
+    assert "eval/all/exact_accuracy," in said[0] and "no checkpoint is kept as the best" in said[0]
+    assert len(losses(os.path.join(tmp_path, "r"), "eval/all/exact_accuracy")) == 2
 
 
 def test_resume_settings_are_what_shapes_the_saved_state():

@@ -148,6 +148,7 @@ def main(argv: list[str] | None = None) -> None:
                 raise ConfigError(f"sweep job {n} ({' '.join(job)}): {e}") from e
     except ConfigError as e:
         exit_with(e)
+    xla_flags.log_applied()
     if quiet_tpu_probe():  # before JAX starts a backend
         logging.getLogger(__name__).info("JAX_PLATFORMS=cpu: no TPU or GPU device on this machine")
     initialize()  # before anything touches devices (importing the trainer does not)

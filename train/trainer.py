@@ -346,6 +346,7 @@ class _Loop:
         self.ckpt, self.logger = ckpt, logger
         self.goodput, self.preemption, self.claim = goodput, preemption, claim
         self.best = meta.get("best")  # best value of checkpoint.best_metric so far (checkpointed)
+        self.best_metric_missing = False  # warned that no evaluation metric has that name
         self.best_step = meta.get("best_step")  # its step (checkpointed with it)
         self.last = {}  # the last value of every eval metric (returned, final.json)
         self.saved_at = step  # the last step saved (or restored)
@@ -392,6 +393,15 @@ class _Loop:
             metrics = self.task.evaluate(state, step)
         if metrics:
             self.logger.write_now(step, metrics)
+            key = self.cfg.checkpoint.best_metric
+            if key and key not in metrics and not self.best_metric_missing:
+                self.best_metric_missing = True  # said once, at the first evaluation
+                log.warning(
+                    "checkpoint.best_metric=%r is not one of this run's evaluation metrics (%s): "
+                    "no checkpoint is kept as the best",
+                    key,
+                    ", ".join(sorted(metrics)),
+                )
             best = _best(self.cfg.checkpoint, self.best, metrics)
             if best is not None and best != self.best:
                 self.best_step = step

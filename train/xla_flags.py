@@ -53,5 +53,10 @@ def apply(flags: str | None) -> None:
         return
     os.environ["XLA_FLAGS"] = merged(flags, os.environ.get("XLA_FLAGS"))
     _applied = flags
-    if flags:  # said before XLA reads them: its own line follows if it does not know one
-        log.info("XLA_FLAGS=%r (run.xla_flags, then the shell's)", os.environ["XLA_FLAGS"])
+
+
+def log_applied() -> None:
+    """One line with the XLA_FLAGS the config's flags went into, when it has any: said before XLA
+    reads them, so XLA's own line about a flag it does not know follows it."""
+    if _applied:
+        log.info("XLA_FLAGS=%r (run.xla_flags, then the shell's)", os.environ.get("XLA_FLAGS"))
