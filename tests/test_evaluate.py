@@ -274,6 +274,11 @@ def test_json_and_plot_outputs(run, tmp_path):
         assert p.stat().st_size > 1000, p
 
 
+def _write(path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
 def _one_line_error(capsys_or_none, argv) -> str:
     with pytest.raises(SystemExit) as e:
         main(argv)
@@ -313,6 +318,13 @@ def test_bad_input_is_one_line(run, exported, tmp_path):
     with pytest.raises(ConfigError, match="--extra-steps -1"):
         evaluate(run_dir, extra_steps=-1)
     assert "mesh=nope: no " in _one_line_error(None, [run_dir, "mesh=nope"])
+    (tmp_path / "file").write_text("mine")
+    assert _one_line_error(None, [run_dir, "--plot", str(tmp_path / "file" / "acc.png")]) == (
+        f"error: --plot {tmp_path / 'file' / 'acc.png'}: a file stands where its folder must be"
+    )
+    assert "--data " + str(tmp_path / "bad.csv") + ":2: expected 4 columns" in _one_line_error(
+        None, [run_dir, "--data", _write(tmp_path / "bad.csv", "a,b\n1,2\n")]
+    )
     # an override that reshapes the model: the command prints its one line and nothing after it
     # (the restore's abandoned reads are collected before it exits)
     cmd = [sys.executable, "-m", "train.evaluate", run_dir, "model.hidden_size=8"]
@@ -326,6 +338,23 @@ def test_bad_input_is_one_line(run, exported, tmp_path):
     other = evaluate(run_dir, overrides=["mesh=cpu", "data.eval_batch_size=8"])
     for key in ("exact_accuracy", "count", "mean_steps"):
         assert other[key] == base[key]
+
+
+def test_a_json_file_that_cannot_be_written_is_one_line_before_the_work(tmp_path):
+    """--json naming a folder, or under a file: one line before any checkpoint is read (a run
+    directory whose config.yaml names its family is enough to get there); a new folder is made.
+    --plot's case: test_bad_input_is_one_line."""
+    (tmp_path / "file").write_text("mine")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("task: trm\n")
+    msg = _one_line_error(None, [str(run), "--json", str(tmp_path / "file" / "x.json")])
+    assert msg == f"error: --json {tmp_path / 'file' / 'x.json'}: a file stands where its " \
+        "folder must be", msg  # fmt: skip
+    msg = _one_line_error(None, [str(run), "--json", str(tmp_path)])
+    assert msg == f"error: --json {tmp_path}: a folder; expected a file name", msg
+    _one_line_error(None, [str(run), "--json", str(tmp_path / "new" / "r.json")])  # no checkpoint
+    assert (tmp_path / "new").is_dir() and (tmp_path / "file").read_text() == "mine"
 
 
 def test_bad_source_is_one_line(tmp_path):

@@ -177,6 +177,8 @@ def test_bad_input_is_one_clear_line(char_ckpt, tmp_path):
     _one_line_error([path, "--start", "Speak ~"], "'~'", "position 6", "meta.json")
     _one_line_error([path, "--start", ""], "no token")
     _one_line_error([path, "--start", f"FILE:{tmp_path / 'nope.txt'}"], "nope.txt")
+    (tmp_path / "prompt.bin").write_bytes(bytes(range(128, 256)))
+    _one_line_error([path, "--start", f"FILE:{tmp_path / 'prompt.bin'}"], "prompt.bin: not UTF-8")
     _one_line_error([path, "--temperature", "-1"], "--temperature")
     _one_line_error([path, "--meta", tmp_path / "none.json"], "none.json")
     # a checkpoint that does not fit its model_args: StateDictError's key list, on one line

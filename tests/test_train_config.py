@@ -230,3 +230,26 @@ def test_section_yamls_hold_only_what_they_change():
             assert not same, f"{path}: {same} restate the defaults of {cls.__name__}"
             checked += 1
     assert checked >= 13
+
+
+def test_a_run_of_an_older_version_opens_with_the_keys_added_since_at_their_defaults():
+    """A run directory's config.yaml written before a key of the trainer's sections existed
+    (run.xla_flags, checkpoint.keep_best here) opens for train.evaluate / sample / export with
+    those keys at their defaults; one without a whole section, or with a value of the wrong
+    type, is one ConfigError line."""
+    from omegaconf import OmegaConf
+
+    from train.compose import load_run_config
+
+    cfg = load_config(["+experiment=trm_sudoku_tiny"])
+    saved = OmegaConf.to_container(cfg, resolve=True)
+    del saved["run"]["xla_flags"], saved["checkpoint"]["keep_best"]
+    opened = load_run_config(OmegaConf.to_yaml(saved))
+    assert opened.run.xla_flags == "" and opened.checkpoint.keep_best is True
+    assert opened.model == cfg.model and opened.trainer == cfg.trainer
+    with pytest.raises(ConfigError, match="^no 'run' section; expected the config.yaml"):
+        load_run_config("task: trm\n")
+    saved["trainer"]["max_steps"] = "many"
+    with pytest.raises(ConfigError, match="max_steps") as e:
+        load_run_config(OmegaConf.to_yaml(saved))
+    assert "\n" not in str(e.value)

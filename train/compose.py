@@ -90,9 +90,13 @@ def load_run_config(text: str, overrides=()):
     """A run directory's config.yaml (written by the trainer) with key=value `overrides`
     (`apply_overrides`), checked as `load_config` checks."""
     cfg = OmegaConf.create(text)
+    config_lib.fill_new_keys(cfg)  # a run of an older version lacks the keys added since
     OmegaConf.set_struct(cfg, True)
     apply_overrides(cfg, overrides)
-    validate(cfg)
+    try:
+        validate(cfg)
+    except OmegaConfBaseException as e:  # a value of the wrong type (a hand-edited file)
+        raise ConfigError(f"config error: {one_line(e)}") from e
     return cfg
 
 

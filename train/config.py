@@ -142,6 +142,27 @@ def section_defaults(cls, exclude=()) -> dict:
     return out
 
 
+def fill_new_keys(cfg: DictConfig) -> None:
+    """Gives a saved config (a run directory's config.yaml) the keys of the trainer's own sections
+    that it lacks, at their defaults, in place (`cfg` not in struct mode): a run written before a
+    key existed ran as its default does. ConfigError when a whole section is missing (not a
+    config the trainer wrote)."""
+    for f in dataclasses.fields(Config):
+        if f.default_factory is dataclasses.MISSING:
+            continue
+        default = f.default_factory()
+        if not dataclasses.is_dataclass(default):
+            continue
+        if f.name not in cfg:
+            raise ConfigError(
+                f"no {f.name!r} section; expected the config.yaml python -m train.main writes"
+            )
+        section = cfg[f.name]
+        for key, value in section_defaults(type(default)).items():
+            if key not in section:
+                section[key] = value
+
+
 def register_schema() -> None:
     """Registers `Config` as `base_config` in Hydra's ConfigStore (configs/config.yaml extends it)."""
     ConfigStore.instance().store(name="base_config", node=Config)

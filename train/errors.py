@@ -56,6 +56,24 @@ def user_errors(prefix: str = "error: "):
         exit_with(e, prefix)
 
 
+def output_file(path: str, option: str) -> str:
+    """`path` made ready for a command's output file named by `option` (--json, --out, ...): its
+    folder created, before the command does its work. ConfigError when it cannot be: the path is
+    a folder, or a file stands where a folder must be. Returns `path`."""
+    path = os.fspath(path)
+    if "://" in path:  # a bucket's object: its "folders" need no making
+        return path
+    if os.path.isdir(path):
+        raise ConfigError(f"{option} {path}: a folder; expected a file name")
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as e:
+        raise ConfigError(f"{option} {path}: a file stands where its folder must be") from e
+    except OSError as e:
+        raise ConfigError(f"{option} {path}: its folder cannot be made ({e.strerror})") from e
+    return path
+
+
 EXIT_DISK_FULL = 74  # sysexits.h EX_IOERR: free some space, then run the same command again
 
 # How a full disk (or an exhausted quota) reads in an exception: OSError's errno, or the text of

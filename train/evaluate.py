@@ -27,7 +27,7 @@ import tempfile
 
 from train import families, gcs
 from train.cli import FamilyCommand
-from train.errors import ConfigError, exit_with
+from train.errors import ConfigError, exit_with, output_file
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,8 @@ def main(argv=None) -> dict:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         args, _, options = COMMAND.parse(argv, source_family)  # the source family's options
+        if args.json:
+            output_file(args.json, "--json")  # before the evaluation, which may take hours
         save_dir = os.path.dirname(os.path.abspath(args.json)) if args.json else None
         report, evaluation = _evaluate(
             args.source, step=args.step, data=args.data, batch=args.batch,

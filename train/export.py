@@ -14,11 +14,10 @@ upstream TRM checkpoint), through parity.gpt_params.from_torch / parity.trm_para
 from __future__ import annotations
 
 import argparse
-import os
 
 from train import gcs
 from train.distributed import quiet_tpu_probe
-from train.errors import ConfigError, exit_with
+from train.errors import ConfigError, exit_with, output_file
 from train.source import open_source
 
 
@@ -31,10 +30,10 @@ def export(source: str, out: str, step: int | None = None) -> str:
             "train.export writes a PyTorch checkpoint and needs torch, which this environment "
             "lacks: pip install -e '.[parity]' (or pip install torch)"
         ) from e
+    output_file(out, "--out")  # before the checkpoint is read
     src = open_source(source, step=step)
     # a run's checkpoint meta has step and best; a nanoGPT ckpt.pt has iter_num and best_val_loss
     meta = {"step": src.step or 0, "best": src.meta.get("best_val_loss"), **src.meta}
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     torch.save(src.task.torch_checkpoint(src.state, meta), out)
     return out
 

@@ -191,8 +191,13 @@ def read_start(start: str) -> str:
         path = start[len("FILE:") :]
         if not os.path.isfile(path):
             raise SampleError(f"--start FILE:{path}: no such file")
-        with open(path, encoding="utf-8") as f:
-            start = f.read()
+        try:
+            with open(path, encoding="utf-8") as f:
+                start = f.read()
+        except UnicodeDecodeError as e:
+            raise SampleError(
+                f"--start FILE:{path}: not UTF-8 text ({e.reason} at byte {e.start})"
+            ) from e
     return start
 
 

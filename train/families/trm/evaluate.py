@@ -30,7 +30,7 @@ from data.sudoku_sources import read_sudoku_csv
 from models.trm.evaluation import LatentNoise, eval_step, noised_latents
 from models.trm.modeling import INNERS
 from models.trm.scaling import SELECT, Scaling
-from train.errors import ConfigError
+from train.errors import ConfigError, output_file
 from train.families.trm.show import (
     check_plot_possible,
     puzzle_boards,
@@ -83,6 +83,7 @@ class TRMEvaluation(Evaluation):
         scaling = _scaling(trajectories, noise, select, seed, noise_latents, show)
         if plot:
             check_plot_possible()
+            output_file(plot, "--plot")
         return evaluate_trm(
             src.task, src.state, data, trained_on=src.trained_on, extra_steps=extra_steps,
             halt=halt, show=show, batch=batch, save_dir=save_dir, progress=progress,
@@ -134,7 +135,10 @@ class TRMEvaluation(Evaluation):
 
 def sudoku_csv_dataset(csv_path: str, out_dir: str) -> str:
     """A Sudoku-Extreme CSV as the test split of an upstream-layout data set in `out_dir`."""
-    records = read_sudoku_csv(csv_path)
+    try:
+        records = read_sudoku_csv(csv_path)
+    except (OSError, ValueError) as e:  # the file's line and what it expected
+        raise ConfigError(f"--data {e}") from e
     if not len(records):
         raise ConfigError(f"{csv_path}: no puzzles (expected rows source,question,answer,rating)")
     check_sudoku_pairs(records.questions, records.answers, f"{csv_path} ")
