@@ -390,6 +390,20 @@ def test_aot_refuses_a_float64_loss_on_a_tpu_in_one_line():
     assert "set model.loss_dtype=float32" in lines[0]
 
 
+@pytest.mark.tpu_aot
+def test_aot_names_a_batch_the_slice_cannot_split_as_the_trainer_does():
+    """trainer.global_batch_size not a multiple of the slice's batch devices: the trainer's own
+    line (train.mesh.check_batch_divisible), before anything is traced, not JAX's sharding error."""
+    proc = _run_aot("+experiment=trm_sudoku_tiny", "mesh=v4-64", "trainer.global_batch_size=7")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("train.aot: ")]
+    assert ours == [
+        "train.aot: trainer.global_batch_size=7 is not divisible by the 32 devices of the batch "
+        "axes ['data', 'fsdp'] (mesh data=1, fsdp=32, tensor=1); use a multiple of 32 or change "
+        "mesh.data / mesh.fsdp"
+    ], proc.stderr[-3000:]
+
+
 # What XLA:TPU's cost analysis does with a loop, a conditional and a 64-bit value, on small
 # programs compiled for the v4-64 topology. One process: libtpu loads once.
 # docs/tpu_runbook.md, "optimal_seconds is not a step time"

@@ -499,6 +499,8 @@ def aot_compile(
     spec = TOPOLOGIES.get(topology)
     devices = topology_devices(topology)
     mesh = mesh_lib.make_mesh(cfg.mesh, devices=devices)
+    batch = {"trainer.global_batch_size": int(cfg.trainer.global_batch_size)}
+    mesh_lib.check_batch_divisible(mesh, cfg.mesh.rules, batch)  # the trainer's line, not JAX's
     # as train.trainer.train (x64 on when needed); need_data=False: sizes that come from the dataset (vocab, seq_len, ids) come from the config
     task = make_task(cfg, mesh, need_data=False)
     jitted, abstract_args = build_train_step(cfg, mesh, task=task)
