@@ -25,6 +25,7 @@ train=0 writes no train split. The demo's checkpoints evaluated on such grids
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import numpy as np
@@ -90,7 +91,9 @@ def build_easy_sudoku(
     )
 
 
-KEYS = ("train", "test", "blanks", "num_aug", "seed", "unique", "test_csv")  # build_easy_sudoku's
+_PARAMS = inspect.signature(build_easy_sudoku).parameters
+KEYS = tuple(k for k in _PARAMS if k != "output_dir")  # main's key=value arguments
+REQUIRED = tuple(k for k in KEYS if _PARAMS[k].default is inspect.Parameter.empty)
 
 
 def main(argv: list[str]) -> dict:
@@ -111,11 +114,11 @@ def main(argv: list[str]) -> dict:
             kw[k] = v if k == "test_csv" else int(v)
         except ValueError:
             raise ValueError(f"sudoku_easy: {a!r}: {k} must be a whole number") from None
-    missing = [k for k in ("train", "test", "blanks", "num_aug") if k not in kw]
+    missing = [k for k in REQUIRED if k not in kw]
     if out is None or missing:
         raise ValueError(
             "sudoku_easy: expected --output-dir DIR and "
-            + " ".join(f"{k}=N" for k in ("train", "test", "blanks", "num_aug"))
+            + " ".join(f"{k}=N" for k in REQUIRED)
             + (f"; missing {', '.join(missing)}" if missing else "; missing --output-dir")
         )
     return build_easy_sudoku(out, **kw)
