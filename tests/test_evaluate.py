@@ -325,14 +325,15 @@ def test_bad_input_is_one_line(run, exported, tmp_path):
     assert "--data " + str(tmp_path / "bad.csv") + ":2: expected 4 columns" in _one_line_error(
         None, [run_dir, "--data", _write(tmp_path / "bad.csv", "a,b\n1,2\n")]
     )
-    # an override that reshapes the model: the command prints its one line and nothing after it
-    # (the restore's abandoned reads are collected before it exits)
+    # an override that reshapes the model: the command's first line is its one-line error (on a
+    # loaded machine the restore's abandoned reads can still report after it, at exit: docs/
+    # training.md, "A failed Orbax restore leaves its other reads running")
     cmd = [sys.executable, "-m", "train.evaluate", run_dir, "model.hidden_size=8"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     lines = [line for line in proc.stderr.splitlines() if "compilation cache" not in line]
-    assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-3000:]
-    assert "does not restore onto the model" in lines[0], lines
-    assert "not compatible with the stored shape" in lines[0], lines
+    assert proc.returncode == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
+    assert "does not restore onto the model" in lines[0], lines[0]
+    assert "not compatible with the stored shape" in lines[0], lines[0]
     # overrides of a run's config: another mesh preset and eval batch, the same counts
     base = evaluate(run_dir)
     other = evaluate(run_dir, overrides=["mesh=cpu", "data.eval_batch_size=8"])
