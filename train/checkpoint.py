@@ -310,18 +310,14 @@ def _abandoned_reads_dropped(settle):
     are dropped (an unraisable hook wrapping the one installed, an asyncio log filter, a warning
     filter); any other unraisable error, warning or log record passes through. When `settle()`
     says a read failed, the exit first lets the abandoned reads finish and collects them (until
-    no report arrived for one round), so none of them reports after the hook, filter and
-    warning filter are back as they were. Test:
-    tests/test_train_damaged_checkpoint.py::test_no_checkpoint_restores_prints_nothing_after_its_error."""
-    previous, dropped = sys.unraisablehook, [0]
-
-    def hook(unraisable):
-        code = getattr(unraisable.object, "cr_code", None)
-        orbax_read = code is not None and "orbax" in code.co_filename
-        if orbax_read or _into_a_closed_loop(unraisable):
-            dropped[0] += 1
-        else:
-            previous(unraisable)
+    no report arrived for one round), then puts the hook, filter and warning filter back as they
+    were and keeps a guard against the same reports for the rest of the process
+    (`_keep_dropping_abandoned_reads`): on a loaded machine a read can still complete after the
+    round that looked quiet, and be finalized at exit. Tests:
+    tests/test_train_damaged_checkpoint.py::test_no_checkpoint_restores_prints_nothing_after_its_error,
+    tests/test_evaluate.py::test_a_reshaping_override_is_one_line_on_a_loaded_machine."""
+    previous, dropped, failed = sys.unraisablehook, [0], False
+    hook = _dropping_abandoned_reads(previous, dropped)
 
     asyncio_log = logging.getLogger("asyncio")
     sys.unraisablehook = hook
@@ -333,12 +329,42 @@ def _abandoned_reads_dropped(settle):
             try:
                 yield
             finally:
-                if settle():
+                failed = settle()
+                if failed:
                     _let_abandoned_reads_finish(dropped)
     finally:
         asyncio_log.removeFilter(_not_an_abandoned_read)
         if sys.unraisablehook is hook:  # else someone installed another since: keep theirs
             sys.unraisablehook = previous
+        if failed:  # also when the failure propagates (a misfit's ConfigError)
+            _keep_dropping_abandoned_reads()
+
+
+def _dropping_abandoned_reads(previous, dropped: list):
+    """An unraisable hook that counts a pending Orbax read's report in `dropped` and passes every
+    other report to `previous`."""
+
+    def hook(unraisable):
+        code = getattr(unraisable.object, "cr_code", None)
+        orbax_read = code is not None and "orbax" in code.co_filename
+        if orbax_read or _into_a_closed_loop(unraisable):
+            dropped[0] += 1
+        else:
+            previous(unraisable)
+
+    hook.drops_abandoned_reads = True
+    return hook
+
+
+def _keep_dropping_abandoned_reads() -> None:
+    """After a failed restore, for the rest of the process: the reads it abandoned stay quiet
+    whenever they complete or are finalized (at exit, the usual moment on a loaded machine), as a
+    failed save's writes do (`_ClosedLoopReports`, `_DropDiskFullRecords`). Only those reports are dropped; installed
+    once, over whatever hook is current."""
+    if not getattr(sys.unraisablehook, "drops_abandoned_reads", False):
+        sys.unraisablehook = _dropping_abandoned_reads(sys.unraisablehook, [0])
+    logging.getLogger("asyncio").addFilter(_not_an_abandoned_read)  # once: a filter is a set
+    warnings.filterwarnings("ignore", "coroutine '_read_array", RuntimeWarning)
 
 
 def _into_a_closed_loop(unraisable) -> bool:
