@@ -8,9 +8,10 @@
   made here (a synthetic text, a few Sudokus in the upstream layout and a Sudoku-Extreme-format
   CSV): one record per part in plan order with its fields, every box and the budget respected, no
   part failed, what a part that ended ok measured, the upstream parts skipped naming what is
-  missing, and OUT within what a GPU loan brings back (at most 8 files, plain names). Within its
-  budget on a busy machine parts may be cut at their boxes (the default tier); given the time,
-  every part ends ok (the slow tier, with upstream's checkouts when the environment names them).
+  missing, and OUT within what a GPU loan brings back (at most 8 files, plain names). Given the
+  time, every part ends ok (the slow tier, with upstream's checkouts when the environment names
+  them); what does not fit a budget or a step's cap is recorded as cut or skipped (the default
+  tier, with short parts).
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ REPO = Path(__file__).resolve().parent.parent
 class Command(gpu.Part):
     """A part that runs a Python snippet."""
 
-    def __init__(self, name, code, needs=()):
-        super().__init__("a", name)
+    def __init__(self, name, code, needs=(), step="a"):
+        super().__init__(step, name)
         self.code, self.needs = code, needs
 
     def command(self, ctx):
@@ -88,6 +89,36 @@ def test_failed_and_boxed_parts_are_recorded_and_the_next_runs(tmp_path):
     assert "about to fail" in log and "started" in log and "two" in log
     summary = (ctx.out / gpu.SUMMARY).read_text()
     assert "| a.boxed | timeout | 2 (2) |" in summary
+
+
+def test_the_budget_and_a_steps_cap_cut_parts_and_the_rest_are_skipped(tmp_path):
+    """What does not fit is recorded, never lost: a part with no box of its own is cut where the
+    budget ends; a part past its step's cap is skipped ("no time left") while a part of another
+    step still runs; once the budget is spent every later part is skipped, each in its record."""
+    parts = [
+        Command("first", "import time; time.sleep(60)"),  # cut by the a step's cap
+        Command("capped", "print('never')"),  # a's cap is spent
+        Command("b_runs", "print('runs')", step="b"),
+        Command("b_cut", "import time; time.sleep(60)", step="b"),  # cut where the budget ends
+        Command("late", "print('never')", step="c"),
+    ]
+    ctx = gpu.Ctx(out=tmp_path / "out", work=tmp_path / "work", assets=tmp_path, dry_run=True)
+    session = gpu.Session(ctx, budget_s=11.5, boxes={}, caps={"a": 5.5})  # boxes >= MIN_BOX_S
+    t0 = time.monotonic()
+    session.run(parts, {"kind": "session", "command": "test", "started_utc": "", "budget_s": 11.5})
+    assert time.monotonic() - t0 < 11.5 + 5
+    by = {r["part"]: r for r in _records(ctx.out) if r["kind"] == "part"}
+    assert list(by) == ["a.first", "a.capped", "b.b_runs", "b.b_cut", "c.late"]
+    assert by["a.first"]["status"] == "timeout" and by["a.first"]["box_s"] == 5.5
+    assert by["a.capped"]["status"] == "skipped"
+    assert by["a.capped"]["reason"].startswith("no time left"), by["a.capped"]
+    assert by["b.b_runs"]["status"] == "ok" and by["b.b_runs"]["result"] == {"lines": 1}
+    cut = by["b.b_cut"]
+    assert cut["status"] == "timeout" and cut["ended"] == "box" and cut["box_s"] <= 6, cut
+    assert by["c.late"]["status"] == "skipped"
+    assert by["c.late"]["reason"].startswith("no time left"), by["c.late"]
+    summary = (ctx.out / gpu.SUMMARY).read_text()
+    assert all(f"| {key} |" in summary for key in by)
 
 
 def _sudoku_inputs(assets: Path) -> None:
@@ -224,19 +255,6 @@ def _check_measured(by: dict) -> None:
             assert by[key]["ended"] == "stopped" and res["reached"]
             values = [e["value"] for e in res["evals"]]
             assert values[-1] <= gpu.DRY_TARGET_VAL_LOSS < min(values[:-1], default=99.0)
-
-
-@pytest.mark.slow  # ~2.5 min of one worker: the whole dry run, to its budget
-def test_dry_run_runs_every_part_within_the_budget(tmp_path):
-    """The dry run as it is, within its budget: what does not fit is recorded, never lost."""
-    assets, parts, wall = _dry_run(tmp_path)
-    assert wall < gpu.DRY_BUDGET_S + 30
-    by = {r["part"]: r for r in parts}
-    # no checkouts here: skipped, naming the file (or out of time, on a busy machine)
-    if by["e.upstream"]["status"] == "skipped" and "no time" not in by["e.upstream"]["reason"]:
-        assert by["e.upstream"]["reason"].startswith(f"missing {assets / 'upstream'}")
-    assert by["a.env"]["status"] == "ok" and by["b.data"]["status"] == "ok"
-    _check_measured(by)
 
 
 @pytest.mark.slow
