@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 from train import gcs, xla_flags
 from train.compilation_cache import log_compilation_cache_stats, setup_compilation_cache
 from train.compose import CONFIG_DIR, load_config, register_schema, validate
-from train.distributed import initialize, quiet_tpu_probe
+from train.distributed import before_jax_starts, initialize
 from train.errors import (
     EXIT_DISK_FULL,
     ConfigError,
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         exit_with(e)
     xla_flags.log_applied()
-    if quiet_tpu_probe():  # before JAX starts a backend
+    if before_jax_starts():  # the libtpu probe and the CPU step's heap
         logging.getLogger(__name__).info("JAX_PLATFORMS=cpu: no TPU or GPU device on this machine")
     initialize()  # before anything touches devices (importing the trainer does not)
     if cfg is not None:
