@@ -135,10 +135,10 @@ def main(argv: list[str] | None = None) -> dict:
     a.out = a.out or "bench/results/demo_seeds.json"
     from data.sudoku_easy import build_easy_sudoku
     from data.sudoku_sources import read_sudoku_csv
-    from train.distributed import before_jax_starts
+    from train.distributed import quiet_tpu_probe
     from train.evaluate import evaluate
 
-    before_jax_starts()
+    quiet_tpu_probe()
     header = result_header("demo", command, detect_device())
     other = os.path.join(a.runs, f"other-{a.blanks}u")
     count = len(read_sudoku_csv(a.other))

@@ -182,9 +182,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default="bench/results/ttsc")
     p.add_argument("--plot", help="PNG of every result in --out")
     a = p.parse_args(argv)
-    from train.distributed import before_jax_starts
+    from train.distributed import quiet_tpu_probe
 
-    before_jax_starts()  # no libtpu probe lines on a CPU machine; the CPU step's heap
+    quiet_tpu_probe()  # before JAX starts a backend: no libtpu probe lines on a CPU machine
     a.sigmas = [float(s) for s in a.sigmas.split(",")]
     a.time_ks = [int(k) for k in a.time_ks.split(",") if int(k) <= a.trajectories]
     a.name = a.name or os.path.basename(os.path.normpath(a.run))

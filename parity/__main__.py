@@ -17,9 +17,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in _REPORTS or argv[0] in ("-h", "--help"):
         print(f"usage: python -m parity {{{','.join(_REPORTS)}}} [--help | report options]")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    from parity.backend import before_jax_starts
+    from parity.backend import quiet_tpu_probe
 
-    before_jax_starts()  # no libtpu probe lines on a CPU machine; the CPU step's heap
+    quiet_tpu_probe()  # before JAX starts a backend: no libtpu probe lines on a CPU machine
     try:
         module = importlib.import_module(_REPORTS[argv[0]])
     except ModuleNotFoundError as e:

@@ -24,15 +24,6 @@ CPU_HEAP = {  # name: (mallopt parameter, value)
 }
 
 
-def before_jax_starts(environ=os.environ) -> str | None:
-    """What every command-line entry point does before JAX starts a backend (train.main,
-    train.evaluate, train.sample, train.export, python -m parity, the bench commands that train):
-    `quiet_tpu_probe`, then `keep_cpu_step_buffers`. -> quiet_tpu_probe's value."""
-    platforms = quiet_tpu_probe(environ)
-    keep_cpu_step_buffers(environ)
-    return platforms
-
-
 def keep_cpu_step_buffers(environ=os.environ) -> bool:
     """Keeps the CPU backend's per-step buffers in the process's heap: glibc's malloc with one
     arena, no mmap and no trimming of the heap's top (up to 2 GiB).
@@ -40,16 +31,18 @@ def keep_cpu_step_buffers(environ=os.environ) -> bool:
     XLA:CPU allocates an execution's temporaries as one buffer (trm_sudoku_cpu's step: 119 MB)
     and frees it when the step ends. glibc serves an allocation that large with a fresh mmap (its
     mmap threshold is at most 32 MB, and a thread's own arena holds at most 64 MB) and unmaps it
-    on free, so every step writes 119 MB of new pages: 30,000 page faults, half of the 66 ms step
-    spent in the kernel on a 2-core VM. With these settings the step reuses the same memory
-    (33-43 ms; the process keeps ~0.3 GB more resident). Numbers are unchanged: only where the
-    buffers live. docs/training.md, "The CPU step page-faults its buffers every step".
+    on free, so every step writes 119 MB of new pages: 30,000 page faults, half of the 62-66 ms
+    step spent in the kernel on a 2-core VM; with these settings 33-43 ms. The cost: one arena
+    for every thread makes compiling slower (a tiny TRM run's start ~2-3 s, XLA:TPU's compile of
+    trm_sudoku 39 -> 52 s), and the process keeps the memory it freed. Numbers are unchanged: only
+    where the buffers live. The trainer calls it for `run.cpu_heap=true` (the CPU experiments);
+    docs/training.md, "The CPU step page-faults its buffers every step".
 
     Only where JAX will run on the CPU (JAX_PLATFORMS is `cpu`, or this machine has no TPU or
     NVIDIA device file), with glibc, and when the environment sets none of these variables (a
-    user's own choice, or a parent process that set them: they applied at this process's
-    start). Must run before JAX starts a backend: a thread that allocated before has an arena of
-    its own. Also sets the variables for child processes. -> whether it set them."""
+    user's own choice, or a parent process that set them: they applied at this process's start).
+    Must run before JAX starts a backend: a thread that allocated before has an arena of its own.
+    Also sets the variables for child processes. -> whether it set them."""
     if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
         return False
     if any(name in environ for name in CPU_HEAP) or "glibc.malloc" in environ.get(

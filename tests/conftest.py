@@ -23,12 +23,6 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 # machine without an NVIDIA GPU the tests pin JAX to the CPU backend (inherited by subprocesses).
 if not (os.path.exists("/dev/nvidia0") or os.environ.get("CUDA_VISIBLE_DEVICES")):
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# The CPU step's buffers stay in the heap, as in the entry points (parity.backend.
-# keep_cpu_step_buffers): set here in pytest's first process, the variables reach every xdist
-# worker and every process the tests start at their start, before any thread has an arena.
-from parity.backend import keep_cpu_step_buffers  # noqa: E402
-
-keep_cpu_step_buffers()
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # no GCE metadata server here
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # two xdist workers may both load libtpu
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -36,8 +36,8 @@ def compilation_cache_counts(output: str) -> dict[str, int]:
 
 def run_overrides(experiment, data_dir, out_dir, name, cache_dir) -> list[str]:
     """What every tiny test run sets: its experiment, folders, per-step logs, no wandb, no bar,
-    and the XLA compilation cache off unless a test asks for one (a test run must never write
-    into the real ~/.cache)."""
+    the XLA compilation cache off unless a test asks for one (a test run must never write into
+    the real ~/.cache), and glibc's default malloc (run.cpu_heap)."""
     return [
         f"+experiment={experiment}",
         f"run.name={name}",
@@ -47,6 +47,7 @@ def run_overrides(experiment, data_dir, out_dir, name, cache_dir) -> list[str]:
         "trainer.progress_bar=false",
         "logging.wandb=disabled",
         f"run.compilation_cache_dir={cache_dir or 'null'}",
+        "run.cpu_heap=false",  # a few steps: compiling with one malloc arena would cost more
     ]
 
 

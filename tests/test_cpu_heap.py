@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from parity.backend import CPU_HEAP, keep_cpu_step_buffers
-from tests.helpers import REPO
+from tests.helpers import REPO, build_tiny_sudoku, tiny_trm_overrides
 
 # A gradient step of a two-layer MLP (4096 x 16 inputs, 4096 hidden): 256 MiB of temporaries
 # (its 64 MiB activations and their gradients) in one buffer per call, few FLOPs.
@@ -94,3 +94,23 @@ def test_the_settings_apply_only_to_a_cpu_backend_nobody_configured(monkeypatch)
         environ = {"JAX_PLATFORMS": "cpu"}
         assert keep_cpu_step_buffers(environ)  # this process: mallopt is idempotent
         assert environ == {"JAX_PLATFORMS": "cpu"} | {k: str(v) for k, (_, v) in CPU_HEAP.items()}
+
+
+@pytest.mark.slow  # two short trainer processes
+def test_run_cpu_heap_reaches_the_trainers_process(tmp_path):
+    """`run.cpu_heap=true` (the CPU experiments' setting): the trainer's process sets malloc
+    before its backend starts and says so in one line, and trains; with a variable of the user's
+    own (MALLOC_ARENA_MAX=0, glibc's default) it leaves malloc alone and says nothing."""
+    data = build_tiny_sudoku(str(tmp_path / "data"))
+
+    def run(name, **env_extra):
+        args = [*tiny_trm_overrides(data, str(tmp_path / "runs"), name), "trainer.max_steps=2"]
+        env = {k: v for k, v in os.environ.items() if k not in CPU_HEAP}
+        env.update(JAX_PLATFORMS="cpu", **env_extra)
+        cmd = [sys.executable, "-m", "train.main", *args, "run.cpu_heap=true"]
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return [line for line in proc.stderr.splitlines() if "run.cpu_heap" in line]
+
+    assert len(run("kept")) == 1
+    assert run("default", MALLOC_ARENA_MAX="0") == []

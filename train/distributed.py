@@ -15,7 +15,7 @@ import os
 
 import jax
 
-from parity.backend import before_jax_starts, quiet_tpu_probe  # noqa: F401 (for the entry points)
+from parity.backend import quiet_tpu_probe  # noqa: F401 (re-exported for the entry points)
 
 
 def initialize() -> None:

@@ -125,10 +125,10 @@ COMMAND = FamilyCommand(
 
 def main(argv=None) -> dict:
     gcs.configure()  # STORAGE_EMULATOR_HOST set: every gs:// client goes to that server
-    from train.distributed import before_jax_starts
+    from train.distributed import quiet_tpu_probe
     from train.source import source_family
 
-    before_jax_starts()
+    quiet_tpu_probe()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         args, _, options = COMMAND.parse(argv, source_family)  # the source family's options

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 
 from train import gcs
-from train.distributed import before_jax_starts
+from train.distributed import quiet_tpu_probe
 from train.errors import ConfigError, exit_with, output_file
 from train.source import open_source
 
@@ -49,7 +49,7 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     p.add_argument("--step", type=int, default=None, help="default: the latest checkpoint")
     args = p.parse_args(argv)
-    before_jax_starts()
+    quiet_tpu_probe()
     try:
         print(export(args.source, args.out, args.step))
     except ConfigError as e:

@@ -30,10 +30,11 @@ from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
+from parity.backend import keep_cpu_step_buffers
 from train import gcs, xla_flags
 from train.compilation_cache import log_compilation_cache_stats, setup_compilation_cache
 from train.compose import CONFIG_DIR, load_config, register_schema, validate
-from train.distributed import before_jax_starts, initialize
+from train.distributed import initialize, quiet_tpu_probe
 from train.errors import (
     EXIT_DISK_FULL,
     ConfigError,
@@ -135,22 +136,28 @@ def main(argv: list[str] | None = None) -> None:
     gcs.configure()  # STORAGE_EMULATOR_HOST set: every gs:// client goes to that server
     args = sys.argv[1:] if argv is None else list(argv)
     register_schema()  # base_config and the families' defaults, before anything composes
-    cfg = None
+    cfg, cpu_heap = None, []
     try:  # Hydra's own composition errors span several lines; ours are one line
         if _is_plain(args):
             cfg = load_config(args)
             xla_flags.apply(cfg.run.xla_flags)  # before any backend starts (make_mesh)
+            cpu_heap.append(cfg.run.cpu_heap)
         for n, job in enumerate(sweep_jobs(args)):  # every job of a sweep, before the first runs
             try:
                 # the jobs share this process, which reads XLA flags once: all must agree
-                xla_flags.apply(load_config(job).run.xla_flags)
+                job_cfg = load_config(job)
+                xla_flags.apply(job_cfg.run.xla_flags)
+                cpu_heap.append(job_cfg.run.cpu_heap)
             except ConfigError as e:
                 raise ConfigError(f"sweep job {n} ({' '.join(job)}): {e}") from e
     except ConfigError as e:
         exit_with(e)
     xla_flags.log_applied()
-    if before_jax_starts():  # the libtpu probe and the CPU step's heap
-        logging.getLogger(__name__).info("JAX_PLATFORMS=cpu: no TPU or GPU device on this machine")
+    log = logging.getLogger(__name__)
+    if quiet_tpu_probe():  # before JAX starts a backend
+        log.info("JAX_PLATFORMS=cpu: no TPU or GPU device on this machine")
+    if cpu_heap and all(cpu_heap) and keep_cpu_step_buffers():  # as well, before the backend
+        log.info("run.cpu_heap: the CPU step's buffers stay in the heap (one malloc arena)")
     initialize()  # before anything touches devices (importing the trainer does not)
     if cfg is not None:
         with one_run(cfg):

@@ -17,7 +17,7 @@ from parity.files import UnsafeCheckpointError
 from parity.state_dict import StateDictError
 from train import families, gcs
 from train.cli import FamilyCommand
-from train.distributed import before_jax_starts
+from train.distributed import quiet_tpu_probe
 from train.errors import ConfigError, exit_with
 from train.source import open_source, source_family
 
@@ -38,7 +38,7 @@ COMMAND = FamilyCommand("python -m train.sample", __doc__, _add_common, lambda f
 
 def main(argv=None) -> list[str]:
     gcs.configure()  # STORAGE_EMULATOR_HOST set: every gs:// client goes to that server
-    before_jax_starts()
+    quiet_tpu_probe()
     try:
         args, fam, _ = COMMAND.parse(argv, source_family)
         if fam.sampler is None:
