@@ -359,8 +359,8 @@ def _dropping_abandoned_reads(previous, dropped: list):
 def _keep_dropping_abandoned_reads() -> None:
     """After a failed restore, for the rest of the process: the reads it abandoned stay quiet
     whenever they complete or are finalized (at exit, the usual moment on a loaded machine), as a
-    failed save's writes do (`_ClosedLoopReports`, `_DropDiskFullRecords`). Only those reports are dropped; installed
-    once, over whatever hook is current."""
+    failed save's writes do (`_ClosedLoopReports`, `_DropDiskFullRecords`). Only those reports
+    are dropped; installed once, over whatever hook is current."""
     if not getattr(sys.unraisablehook, "drops_abandoned_reads", False):
         sys.unraisablehook = _dropping_abandoned_reads(sys.unraisablehook, [0])
     logging.getLogger("asyncio").addFilter(_not_an_abandoned_read)  # once: a filter is a set
