@@ -253,6 +253,7 @@ def run_jax(curve: Curve, seed: int, data: str, work: Path, log: Path, timeout_s
         f"run.out_dir={work}",
         f"run.name={name}",
         "run.compilation_cache_dir=null",
+        "run.cpu_heap=false",  # glibc's default malloc, as upstream's process has: a fair time
         "logging=off",
         "trainer.progress_bar=false",
         f"data.path={data}",
