@@ -19,7 +19,7 @@ from tests.helpers import REPO, build_tiny_sudoku, tiny_trm_overrides
 # A gradient step of a two-layer MLP (4096 x 16 inputs, 4096 hidden): 256 MiB of temporaries
 # (its 64 MiB activations and their gradients) in one buffer per call, few FLOPs.
 _FAULTS = """
-import json, resource, sys
+import json, resource
 from parity.backend import keep_cpu_step_buffers
 applied = keep_cpu_step_buffers()
 import jax
@@ -80,7 +80,7 @@ def test_a_cpu_step_reuses_its_temporary_buffer():
         assert default["faults"][7] > DEFAULT_MIN * pages, default
 
 
-def test_the_settings_apply_only_to_a_cpu_backend_nobody_configured(monkeypatch):
+def test_the_settings_apply_only_to_a_cpu_backend_nobody_configured():
     """Nothing is set where JAX runs on an accelerator or malloc's variables are already set;
     where they are set, the process's children inherit them (the settings take effect at a
     process's start)."""
@@ -90,9 +90,15 @@ def test_the_settings_apply_only_to_a_cpu_backend_nobody_configured(monkeypatch)
     assert not keep_cpu_step_buffers(
         {"JAX_PLATFORMS": "cpu", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
     )
-    if sys.platform == "linux":
-        environ = {"JAX_PLATFORMS": "cpu"}
-        assert keep_cpu_step_buffers(environ)  # this process: mallopt is idempotent
+    if sys.platform == "linux":  # in a process of its own: it would change this one's malloc
+        code = (
+            "import json; from parity.backend import keep_cpu_step_buffers as k; "
+            "e = {'JAX_PLATFORMS': 'cpu'}; print(json.dumps([k(e), e]))"
+        )
+        proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                              text=True, timeout=60, check=True)  # fmt: skip
+        applied, environ = json.loads(proc.stdout)
+        assert applied, proc.stderr
         assert environ == {"JAX_PLATFORMS": "cpu"} | {k: str(v) for k, (_, v) in CPU_HEAP.items()}
 
 
