@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -67,7 +68,8 @@ def _figures(report: dict) -> dict:
 
 
 def _spread(values: list[float]) -> dict:
-    return {"mean": sum(values) / len(values), "min": min(values), "max": max(values)}
+    # fsum: correctly rounded on every Python (3.12's sum() of floats is compensated, 3.11's not)
+    return {"mean": math.fsum(values) / len(values), "min": min(values), "max": max(values)}
 
 
 def summary(seeds: list[dict]) -> dict:

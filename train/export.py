@@ -18,11 +18,15 @@ import argparse
 from train import gcs
 from train.distributed import quiet_tpu_probe
 from train.errors import ConfigError, exit_with, output_file
-from train.source import open_source
+from train.source import open_source, source_family
+from train.task import Task, no_torch_checkpoint
 
 
 def export(source: str, out: str, step: int | None = None) -> str:
     """Writes the checkpoint in the original code base's format (Task.torch_checkpoint)."""
+    name, fam = source_family(source)
+    if fam.task.torch_checkpoint is Task.torch_checkpoint:  # torch would not help: say so first
+        raise no_torch_checkpoint(name)
     try:
         import torch  # lazy: only this command needs torch (the trainer never imports it)
     except ImportError as e:

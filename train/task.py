@@ -73,6 +73,13 @@ class Unsupported(ConfigError):
     naming the family and the hook."""
 
 
+def no_torch_checkpoint(task: str) -> Unsupported:
+    """The line of a family without Task.torch_checkpoint (`task`: its cfg.task name)."""
+    return Unsupported(
+        f"{task}: the family writes no checkpoint in an original code base's format (Task.torch_checkpoint)"
+    )
+
+
 # A batch spec: key -> (global shape, numpy dtype, batch axis). The batch axis is sharded over the
 # mesh axes of the `batch` logical rule; every other axis is replicated.
 BatchShapes = dict[str, tuple[tuple[int, ...], Any, int]]
@@ -193,9 +200,7 @@ class Task:
     def torch_checkpoint(self, state, meta: dict):
         """What `torch.save` writes for `python -m train.export` (the original's format).
         Default: Unsupported."""
-        raise Unsupported(
-            f"{self.cfg.task}: the family writes no checkpoint in an original code base's format (Task.torch_checkpoint)"
-        )
+        raise no_torch_checkpoint(self.cfg.task)
 
     # --- shared ---------------------------------------------------------------------------------
     def _setup(self):

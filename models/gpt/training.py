@@ -116,8 +116,11 @@ def configure_optimizers(
     are the same math: decoupled decay scaled by lr, eps added after sqrt(v_hat).
     Clipping is not in the chain: `train_step` applies torch's formula before the update.
     `flat`: optax.adamw's own chain with Adam's moments kept over one vector of every parameter
-    (optax.flatten), as torch's fused AdamW runs one kernel over all tensors: the same per-element
-    arithmetic (tests/test_gpt_training.py proves the same bits), fewer and larger kernels.
+    (optax.flatten), as torch's fused AdamW runs one kernel over all tensors: the same formulas,
+    fewer and larger kernels; not the same bits (XLA rewrites a division by a scalar in one layout
+    and not the other: docs/porting_nanogpt.md, "XLA divides by a scalar with its reciprocal"), so
+    both layouts are proven within torch's one-ulp envelope in float64
+    (tests/test_gpt_train_step.py::test_twenty_iterations_match_torch_adamw_float64).
     """
     if flat:
         return optax.chain(
