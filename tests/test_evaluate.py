@@ -558,7 +558,9 @@ def test_trajectory_options_fail_in_one_line(run):
 
 def test_export_without_torch_is_one_line_naming_the_extra(tmp_path, monkeypatch):
     """The demo's environment has no torch: `train.export` says which extra to install, in one
-    line, before it opens anything (torch emulated absent: an import of it raises)."""
+    line, before it opens anything (torch emulated absent: an import of it raises). A run of a
+    family that writes no original checkpoint gets that family's line instead, as with torch:
+    installing torch would not help it."""
     import sys
 
     from train.export import main
@@ -569,6 +571,15 @@ def test_export_without_torch_is_one_line_naming_the_extra(tmp_path, monkeypatch
     line = str(e.value.code)
     assert line.startswith("error: ") and "\n" not in line, line
     assert "pip install -e '.[parity]'" in line, line
+    toy = tmp_path / "toy"  # config.yaml alone: nothing else is read
+    toy.mkdir()
+    (toy / "config.yaml").write_text("task: tests.toy_family\n")
+    with pytest.raises(SystemExit) as e:
+        main([str(toy), "--out", str(tmp_path / "x.pt")])
+    assert e.value.code == (
+        "error: tests.toy_family: the family writes no checkpoint in an original code base's "
+        "format (Task.torch_checkpoint)"
+    )
     assert not (tmp_path / "x.pt").exists()
 
 

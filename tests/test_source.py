@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 
 import jax
 import numpy as np
@@ -67,25 +66,3 @@ def test_kinds_and_their_errors_are_one_line(gpt_run, tmp_path):
         open_source(run_dir, step=7)
     with pytest.raises(SourceError, match="mesh=nope: no "):
         open_source(run_dir, overrides=["mesh=nope"])
-
-
-def test_export_names_what_is_missing_before_reading_anything(tmp_path, monkeypatch):
-    """train.export in an environment without torch: one line naming the install, before the
-    checkpoint is read; for a family that writes no original checkpoint, that family's line,
-    since installing torch would not help."""
-    from train import export as export_cmd
-
-    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
-    for task, line in (
-        ("gpt", "error: train.export writes a PyTorch checkpoint and needs torch, which this "
-                "environment lacks: pip install -e '.[parity]' (or pip install torch)"),
-        ("tests.toy_family", "error: tests.toy_family: the family writes no checkpoint in an "
-                             "original code base's format (Task.torch_checkpoint)"),
-    ):  # fmt: skip
-        run = tmp_path / task  # config.yaml alone: nothing else is read
-        run.mkdir()
-        (run / "config.yaml").write_text(f"task: {task}\n")
-        with pytest.raises(SystemExit) as e:
-            export_cmd.main([str(run), "--out", str(tmp_path / "x.pt")])
-        assert e.value.code == line
-    assert not (tmp_path / "x.pt").exists()

@@ -18,18 +18,16 @@ import argparse
 from train import gcs
 from train.distributed import quiet_tpu_probe
 from train.errors import ConfigError, exit_with, output_file
-from train.source import open_source, source_family
+from train.source import SourceError, open_source, source_family
 from train.task import Task, no_torch_checkpoint
 
 
 def export(source: str, out: str, step: int | None = None) -> str:
     """Writes the checkpoint in the original code base's format (Task.torch_checkpoint)."""
-    name, fam = source_family(source)
-    if fam.task.torch_checkpoint is Task.torch_checkpoint:  # torch would not help: say so first
-        raise no_torch_checkpoint(name)
     try:
         import torch  # lazy: only this command needs torch (the trainer never imports it)
     except ImportError as e:
+        _refuse_a_family_without_export(source)  # installing torch would not help it
         raise ConfigError(
             "train.export writes a PyTorch checkpoint and needs torch, which this environment "
             "lacks: pip install -e '.[parity]' (or pip install torch)"
@@ -40,6 +38,17 @@ def export(source: str, out: str, step: int | None = None) -> str:
     meta = {"step": src.step or 0, "best": src.meta.get("best_val_loss"), **src.meta}
     torch.save(src.task.torch_checkpoint(src.state, meta), out)
     return out
+
+
+def _refuse_a_family_without_export(source: str) -> None:
+    """Task.torch_checkpoint's line for a SOURCE whose family writes no original checkpoint;
+    nothing for any other (with torch installed that family's hook says it after loading)."""
+    try:
+        name, fam = source_family(source)  # reads config.yaml alone
+    except SourceError:
+        return
+    if fam.task.torch_checkpoint is Task.torch_checkpoint:
+        raise no_torch_checkpoint(name)
 
 
 def main(argv=None):
