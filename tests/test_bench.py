@@ -175,6 +175,7 @@ def test_ttq_torch_side_stops_at_target(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_trm_two_step_run_through_the_trainer_task(tmp_path, monkeypatch):
     # The TRM path: the trainer's TRMTask step (x64 loss) vs upstream's train_batch in torch.
+    pytest.importorskip("torch")  # the PyTorch side of the pair (parity extra)
     micro = bench_configs.BenchConfig(
         name="micro_trm", family="trm", device="cpu",
         model=dict(seq_len=9, vocab_size=5, num_puzzle_identifiers=1, puzzle_emb_ndim=8,

@@ -183,6 +183,24 @@ def test_finished_checkpoint_rerun_keeps_final_json_and_names_ignored_init_from(
         train(cfg, mesh)
 
 
+def test_init_from_a_torch_file_without_torch_is_one_line(text_dir, tmp_path, monkeypatch):
+    """The demo's environment has no torch: a trainer.init_from .pt file is one line naming the
+    key and the extra to install, before anything trains (torch emulated absent)."""
+    weights = tmp_path / "ckpt.pt"
+    weights.write_bytes(b"not read")
+    cfg = load_config(
+        tiny_gpt_overrides(text_dir, str(tmp_path), "r", steps=4) + [f"trainer.init_from={weights}"]
+    )
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    with pytest.raises(ConfigError) as e:
+        train(cfg, make_mesh(cfg.mesh, devices=jax.devices()[:1]))
+    assert str(e.value) == (
+        f"trainer.init_from={str(weights)!r}: cannot import it: reading the torch file {weights} "
+        "needs torch: pip install -e '.[parity]' (or convert it to .safetensors)"
+    )
+    assert not list((tmp_path / "r").glob("checkpoints/[0-9]*"))  # no step was saved
+
+
 @pytest.mark.slow
 def test_finished_run_rerun_keeps_final_json_and_says_what_it_ignored(text_dir, tmp_path, caplog):
     """An init_from that is no checkpoint is one line. One tiny GPT run to its end (run directory

@@ -255,10 +255,13 @@ def _init_or_restore(cfg, task, ckpt, data_iter, run_dir):
 
 def _import(task, state, path: str):
     """task.import_weights, its failures one line naming trainer.init_from (the file exists:
-    _check_init_from; a wrong format or shapes that do not fit the model fail here)."""
+    _check_init_from; a wrong format, shapes that do not fit the model, or a reader this
+    environment lacks, torch for a .pt file, fail here)."""
     try:
         return task.import_weights(state, path)
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError, pickle.UnpicklingError) as e:
+    except (
+        OSError, ValueError, KeyError, TypeError, RuntimeError, ImportError, pickle.UnpicklingError
+    ) as e:  # fmt: skip
         reason = one_line(e)
         raise ConfigError(f"trainer.init_from={path!r}: cannot import it: {reason}") from e
 
