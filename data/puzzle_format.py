@@ -54,6 +54,10 @@ _INDEX_FIELDS = ("puzzle_identifiers", "puzzle_indices", "group_indices")
 _SCAN_CHUNK_ROWS = 1 << 16  # bounded memory when range-checking memory-mapped token arrays
 
 
+def _plain(name) -> bool:
+    return isinstance(name, str) and name not in ("", ".", "..") and not set("/\\\0") & set(name)
+
+
 class PuzzleFormatError(ValueError):
     """A data set on disk does not match the upstream puzzle layout; names the file and field."""
 
@@ -91,9 +95,9 @@ class PuzzleDatasetMetadata:
             if f.name not in obj:
                 raise PuzzleFormatError(path, f.name, "missing field")
             v = obj[f.name]
-            if f.name == "sets":
-                ok = isinstance(v, list) and v and all(isinstance(s, str) and s for s in v)
-                want = "a non-empty list of names"
+            if f.name == "sets":  # file name prefixes in the split's folder: plain names
+                ok = isinstance(v, list) and v and all(_plain(s) for s in v)
+                want = "a non-empty list of plain names (no '/', not '..')"
             elif f.name == "mean_puzzle_examples":
                 ok = isinstance(v, int | float) and not isinstance(v, bool) and v > 0
                 want = "a positive number"

@@ -104,9 +104,14 @@ def write_meta_json(path: str | os.PathLike, meta: dict) -> None:
 class _DataOnlyUnpickler(pickle.Unpickler):
     # dict, str and int have their own pickle opcodes; any class or function reference (the way
     # a pickle runs code) goes through find_class, so refusing it refuses all code.
+    def __init__(self, f, path: str):
+        super().__init__(f)
+        self.path = path
+
     def find_class(self, module, name):
         raise UnsafePickleError(
-            f"meta.pkl references {module}.{name}; only plain dict/str/int data is accepted"
+            f"refusing to load {self.path}: it asks to run code (GLOBAL {module}.{name}); a "
+            "meta.pkl holds plain dict/str/int data only"
         )
 
 
@@ -135,7 +140,7 @@ def read_meta(path: str | os.PathLike) -> dict:
         return _check_meta(meta, str(path))
     if path.suffix == ".pkl":
         with open(path, "rb") as f:
-            return _check_meta(_DataOnlyUnpickler(f).load(), str(path))
+            return _check_meta(_DataOnlyUnpickler(f, str(path)).load(), str(path))
     raise ValueError(f"{path}: expected meta.json or meta.pkl")
 
 

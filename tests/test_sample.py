@@ -162,7 +162,7 @@ def test_char_and_bpe_encodings(char_ckpt, tmp_path, x64):
 def _one_line_error(argv, *expected):
     texts, err = _cli(argv)
     assert texts is None and err is not None
-    assert err.startswith("train.sample: ") and "\n" not in err, err
+    assert err.startswith("error: ") and "\n" not in err, err
     for part in expected:
         assert part in err, err
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import os
+import stat
 import sys
 import time
 import traceback
@@ -34,6 +36,17 @@ from train.task import sync_processes
 
 log = logging.getLogger(__name__)
 
+# Orbax's and Grain's small files of a step (JSON): far below this; larger means damage
+_METADATA_LIMIT = 64 << 20
+
+
+def _is_metadata(name: str) -> bool:
+    return name in ("metadata", "_CHECKPOINT_METADATA", "_METADATA") or name.endswith(".json")
+
+
+# How often a reader lists the steps again when a live trainer removed the one it was reading
+_RELISTS = 5
+
 
 def _has_grain_state(it) -> bool:
     return it is not None and hasattr(it, "get_state") and hasattr(it, "set_state")
@@ -42,12 +55,16 @@ def _has_grain_state(it) -> bool:
 class Checkpointer:
     """Thin wrapper with a v1-shaped surface: save(step, state, data_iter), restore(...)."""
 
-    def __init__(self, directory: str, ckpt_cfg):
+    def __init__(self, directory: str, ckpt_cfg, *, read_only: bool = False):
         # Local or a bucket URL (gs://...): Orbax takes either as an epath.Path.
         self.directory = epath.Path(directory)
         if is_local(directory):
             self.directory = self.directory.resolve()
         self.ckpt_cfg = ckpt_cfg
+        # A reader (train.evaluate / sample / export) of a run that may be training right now:
+        # it creates, cleans, moves and deletes nothing there, so a live trainer's in-flight save
+        # (its *.orbax-checkpoint-tmp directory) is never touched. Only the trainer writes.
+        self.read_only = read_only
         self.in_flight = None  # the step an async save is writing, until it is known to be done
         self.failed = None  # the DiskFullError of a failed save: nothing more is saved
         # Orbax's threads log a failed write with its traceback, several times; the trainer
@@ -57,6 +74,8 @@ class Checkpointer:
         self._quiet.install()
         # while a save is in flight, and after one failed; one count of what both dropped
         self._closed_loop = _ClosedLoopReports(self._quiet.dropped)
+        if not read_only:
+            self._refuse_linked_steps()
         try:
             self.manager = self._make_manager()
         except Exception as e:  # Orbax reads every step's metadata here: a damaged one can raise
@@ -67,6 +86,15 @@ class Checkpointer:
             ) from e
 
     def _make_manager(self):
+        if self.read_only:
+            return ocp.CheckpointManager(
+                self.directory,
+                item_names=("state", "data", "meta"),
+                item_handlers=self._handlers(),
+                options=ocp.CheckpointManagerOptions(
+                    read_only=True, create=False, cleanup_tmp_directories=False
+                ),
+            )
         ckpt_cfg = self.ckpt_cfg
         best = ckpt_cfg.best_metric
         policies = [cm.preservation_policy.LatestN(n=int(ckpt_cfg.keep_last))]
@@ -84,11 +112,7 @@ class Checkpointer:
         return ocp.CheckpointManager(
             self.directory,
             item_names=("state", "data", "meta"),
-            item_handlers={
-                "state": ocp.StandardCheckpointHandler(),
-                "data": grain.checkpoint.CheckpointHandler(),
-                "meta": ocp.JsonCheckpointHandler(),
-            },
+            item_handlers=self._handlers(),
             options=ocp.CheckpointManagerOptions(
                 enable_async_checkpointing=bool(ckpt_cfg.async_save),
                 preservation_policy=cm.preservation_policy.AnyPreservationPolicy(policies),
@@ -96,21 +120,101 @@ class Checkpointer:
             ),
         )
 
+    def _refuse_linked_steps(self) -> None:
+        """ConfigError when a step directory is a symbolic link: the trainer deletes old steps
+        (checkpoint.keep_last), and neither deletes through a link nor its target."""
+        if not is_local(str(self.directory)) or not self.directory.is_dir():
+            return
+        for entry in os.scandir(self.directory):
+            if entry.name.isdigit() and entry.is_symlink():
+                raise ConfigError(
+                    f"{entry.path} is a symbolic link (to {os.readlink(entry.path)}); the trainer "
+                    "removes old checkpoint steps and does not remove through a link: put the "
+                    "step directory itself there, or start a new run (another run.name)"
+                )
+
+    def _check_step_files(self, step: int) -> None:
+        """OSError (damage) when a file of the step directory is not a regular file (a link to
+        a device, a pipe), or its small metadata files are larger than any this writes: read,
+        they would never end."""
+        root = self.directory / str(step)
+        if not is_local(str(root)):
+            return
+        for folder, _, files in os.walk(root):
+            for name in files:
+                path = os.path.join(folder, name)
+                info = os.stat(path)
+                if not stat.S_ISREG(info.st_mode):
+                    raise OSError(f"{path} is not a regular file")
+                if _is_metadata(name) and info.st_size > _METADATA_LIMIT:
+                    raise OSError(
+                        f"{path} holds {info.st_size} bytes; a checkpoint's metadata file holds "
+                        f"less than {_METADATA_LIMIT}"
+                    )
+
+    @staticmethod
+    def _handlers() -> dict:
+        return {
+            "state": ocp.StandardCheckpointHandler(),
+            "data": grain.checkpoint.CheckpointHandler(),
+            "meta": ocp.JsonCheckpointHandler(),
+        }
+
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def restore_newest(self, abstract_state, data_iter=None, check_meta=None, *, steps=None,
-                       move_aside: bool = True):  # fmt: skip
+    def restore_newest(self, abstract_state, data_iter=None, check_meta=None, *, steps=None):
         """-> (step, state, meta) of the NEWEST checkpoint that restores, or None when there is
         none. A newer step that fails (a truncated, zero-filled or missing file) is reported in
-        one warning line and, with `move_aside` (the trainer, which saves again), moved aside to
+        one warning line; the trainer (not `read_only`), which saves again, moves it aside to
         `damaged-<step>` next to the steps: nothing is deleted, and the saves that follow (the
-        same step numbers again) do not collide with it; a reader (train.source) leaves it.
-        `check_meta(meta, step)` may raise ConfigError (a changed setting): that is not damage,
-        it propagates. `steps`: the ones to try (default every saved step). ConfigError when
-        steps exist but none restores."""
-        steps = sorted(self.manager.all_steps() if steps is None else steps, reverse=True)
-        damaged, failed = [], []  # failed: damaged, or of another model (its error propagates)
+        same step numbers again) do not collide with it. A reader leaves it where it is, and a
+        step that a live trainer removes while it is being read (its `keep_last`) is no damage:
+        the reader lists the steps again and reads the newest. `check_meta(meta, step)` may raise
+        ConfigError (a changed setting): that is not damage, it propagates. `steps`: the ones to
+        try (default every saved step). ConfigError when steps exist but none restores."""
+        asked = steps
+        for attempt in range(_RELISTS):
+            if attempt:
+                self.manager.reload()  # the steps on disk now
+            todo = sorted(self.manager.all_steps() if asked is None else asked, reverse=True)
+            found, damaged, removed = self._restore_first(
+                todo, abstract_state, data_iter, check_meta
+            )
+            if not removed or found is not None:
+                break
+            log.info(
+                "checkpoint step %s of %s was removed by its live trainer while being read; "
+                "reading the newest again", ", ".join(map(str, removed)), self.directory.parent,
+            )  # fmt: skip
+            if asked is not None:  # --step N: nothing else to read
+                raise ConfigError(
+                    f"checkpoint step {removed[0]} in {self.directory} was removed by the run's "
+                    f"trainer while it was being read (checkpoint.keep_last); steps now: "
+                    f"{sorted(self.manager.all_steps())}"
+                )
+        if found is not None:
+            if not self.read_only:
+                self._move_aside(damaged)
+            return found
+        if damaged and self.read_only:  # nothing to move, the warnings say why
+            raise ConfigError(
+                f"no checkpoint of {', '.join(map(str, damaged))} in {self.directory} restores "
+                "(damaged; the warning above says why)"
+            )
+        if damaged:
+            raise ConfigError(
+                f"no checkpoint in {self.directory} restores (damaged steps: "
+                f"{', '.join(map(str, damaged))}; the warnings above say why). Move the damaged "
+                "step directories out of it to start over in this run directory, or start a new "
+                "run (another run.name)"
+            )
+        return None
+
+    def _restore_first(self, steps, abstract_state, data_iter, check_meta):
+        """-> ((step, state, meta) of the first of `steps` that restores, or None; the damaged
+        steps tried before it; the steps that disappeared while being read)."""
+        damaged, removed, failed = [], [], []  # failed: any read that failed (quiet its reports)
         # from before the first read: a failing one reports at once
         quiet = _abandoned_reads_dropped(lambda: bool(failed)) if steps else nullcontext()
         with quiet:
@@ -124,46 +228,35 @@ class Checkpointer:
                     raise
                 except Exception as e:
                     failed.append(step)
-                    if _does_not_fit(e) and not move_aside:  # a reader's config.yaml
-                        raise ConfigError(
-                            f"{self.directory / str(step)} does not restore onto the model of "
-                            f"its run's config.yaml and the command's overrides "
-                            f"({_why(e, limit=200)})"
-                        ) from e
-                    if _does_not_fit(e):  # intact files of another model: not damage, none moved
-                        raise ConfigError(
-                            f"cannot resume {self.directory.parent} from step {step}: its saved "
-                            f"state does not fit this run's ({_why(e, limit=200)}); a setting "
-                            "that shapes the model or optimizer changed since it was written "
-                            "(its config.yaml has the old values). Rerun with the saved values, "
-                            "or start a new run (another run.name)"
-                        ) from e
+                    if self.read_only and not (self.directory / str(step)).exists():
+                        removed.append(step)  # a live trainer's keep_last: list them again
+                        return None, damaged, removed
+                    self._not_damage(e, step)
                     log.warning(
                         "checkpoint step %d in %s is damaged (%s); trying the previous one",
                         step, self.directory, _why(e),
                     )  # fmt: skip
                     damaged.append(step)
                 else:
-                    break
-            else:
-                step = None
-        if step is not None:
-            if move_aside:
-                self._move_aside(damaged)
-            return step, state, meta
-        if damaged and not move_aside:  # a reader: nothing to move, the warnings say why
+                    return (step, state, meta), damaged, removed
+        return None, damaged, removed
+
+    def _not_damage(self, e: BaseException, step: int) -> None:
+        """ConfigError when `e` says intact files hold another model's state (not damage; nothing
+        is moved): a reader's config.yaml and overrides, or a trainer's changed settings."""
+        if not _does_not_fit(e):
+            return
+        if self.read_only:
             raise ConfigError(
-                f"no checkpoint of {', '.join(map(str, damaged))} in {self.directory} restores "
-                "(damaged; the warning above says why)"
-            )
-        if damaged:
-            raise ConfigError(
-                f"no checkpoint in {self.directory} restores (damaged steps: "
-                f"{', '.join(map(str, damaged))}; the warnings above say why). Move the damaged "
-                "step directories out of it to start over in this run directory, or start a new "
-                "run (another run.name)"
-            )
-        return None
+                f"{self.directory / str(step)} does not restore onto the model of its run's "
+                f"config.yaml and the command's overrides ({_why(e, limit=200)})"
+            ) from e
+        raise ConfigError(
+            f"cannot resume {self.directory.parent} from step {step}: its saved state does not "
+            f"fit this run's ({_why(e, limit=200)}); a setting that shapes the model or "
+            "optimizer changed since it was written (its config.yaml has the old values). Rerun "
+            "with the saved values, or start a new run (another run.name)"
+        ) from e
 
     def _move_aside(self, steps) -> None:
         """Renames damaged step directories to damaged-<step> (process 0), then reopens the
@@ -243,6 +336,7 @@ class Checkpointer:
 
     def read_meta(self, step: int) -> dict:
         """Only the small meta item of a step (checked before the state is restored)."""
+        self._check_step_files(step)
         return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
             "meta"
         ]

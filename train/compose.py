@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, OmegaConfBaseException
 
 from train import config as config_lib
@@ -54,6 +55,14 @@ def compose(overrides: list[str], config_dir: str = CONFIG_DIR):
     """`load_config` without the validation: for a caller that completes the config first (a
     weights file's architecture, train/source.py) and then validates it once."""
     register_schema()
+    for o in overrides:  # Hydra's grammar error names neither the override nor the fix
+        key = o.split("=", 1)[0]
+        if "=" in o and _parsed(o) is _UNPARSED and _parsed(key + "=x") is not _UNPARSED:
+            value = o.split("=", 1)[1]
+            raise ConfigError(
+                f"{o!r}: Hydra's override grammar does not read this value (spaces, parentheses, "
+                f'quotes and commas need quoting); quote it: "{override(key, value)}"'
+            )
     try:
         with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
             cfg = hydra_compose(config_name="config", overrides=list(overrides))
@@ -86,11 +95,54 @@ def composition_error(e: BaseException) -> str:
     return f"config error: {top}: {f'{key}: ' if key else ''}{reason}"
 
 
+def override(key: str, value) -> str:
+    """`key=value` as Hydra's override grammar reads back exactly `value`, whatever a file it
+    came from holds (a path with spaces or parentheses, quotes, backslashes, `${...}`, which
+    OmegaConf would otherwise resolve): a string that would not read back as itself is
+    single-quoted, its quotes escaped."""
+    if value is None:
+        return f"{key}=null"
+    if isinstance(value, bool):
+        return f"{key}={str(value).lower()}"
+    if isinstance(value, int | float):
+        return f"{key}={value!r}"
+    if re.fullmatch(r"[\w./@:+-]+", str(value)) and _parsed(f"{key}={value}") == value:
+        return f"{key}={value}"  # reads back as itself: kept as a user would type it
+    text = str(value).replace("${", "\\${")  # a literal, not an interpolation
+    text = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
+    text = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, text)  # before the closing quote
+    return f"{key}='{text}'"
+
+
+_UNPARSED = object()
+
+
+def _parsed(text: str):
+    """The value Hydra's override grammar reads from `key=value` (_UNPARSED when it does not)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return OverridesParser.create().parse_override(text).value()
+    except HydraException:
+        return _UNPARSED
+
+
 def load_run_config(text: str, overrides=()):
     """A run directory's config.yaml (written by the trainer) with key=value `overrides`
-    (`apply_overrides`), checked as `load_config` checks."""
-    cfg = OmegaConf.create(text)
-    config_lib.fill_new_keys(cfg)  # a run of an older version lacks the keys added since
+    (`apply_overrides`), checked as `load_config` checks. ConfigError when the text is not a
+    mapping of config sections (damaged, hand-edited)."""
+    try:
+        cfg = OmegaConf.create(text)
+    except Exception as e:  # YAML's and OmegaConf's errors
+        raise ConfigError(f"does not parse ({one_line(e, 300)})") from e
+    if not isinstance(cfg, DictConfig):
+        raise ConfigError("expected the config.yaml python -m train.main writes (a mapping)")
+    try:
+        config_lib.fill_new_keys(cfg)  # a run of an older version lacks the keys added since
+    except ConfigError:
+        raise
+    except (OmegaConfBaseException, ValueError, TypeError) as e:
+        raise ConfigError(f"config error: {one_line(e)}") from e
     OmegaConf.set_struct(cfg, True)
     apply_overrides(cfg, overrides)
     try:

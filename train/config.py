@@ -163,6 +163,8 @@ def fill_new_keys(cfg: DictConfig) -> None:
                 f"no {f.name!r} section; expected the config.yaml python -m train.main writes"
             )
         section = cfg[f.name]
+        if not isinstance(section, DictConfig):
+            raise ConfigError(f"{f.name}: expected a section of keys, got {section!r:.60}")
         for key, value in section_defaults(type(default)).items():
             if key not in section:
                 section[key] = value
@@ -270,6 +272,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(
             f"missing value(s) for {missing}; did you forget +experiment=NAME (configs/experiment/)?"
         )
+    plain_name(cfg.run.name, "run.name", "the run directory's name under run.out_dir")
     _positive(cfg.run.lease_ttl_s, "run.lease_ttl_s")
     _positive(
         cfg.run.compilation_cache_min_compile_secs,
@@ -288,6 +291,17 @@ def validate(cfg: DictConfig) -> None:
     _positive(c.keep_last, "checkpoint.keep_last")
     if c.best_mode not in ("min", "max"):
         raise ConfigError(f"checkpoint.best_mode must be min or max, got {c.best_mode!r}")
+
+
+def plain_name(name, key: str, what: str) -> None:
+    """ConfigError unless `name` is one plain path component: a name joined under a directory
+    the user gave stays in it (no separator, no `..`, not empty)."""
+    text = str(name)
+    if text in ("", ".", "..") or any(c in text for c in "/\\\0"):
+        raise ConfigError(
+            f"{key}={text!r}: expected a plain name ({what}): not empty, no '/' or '\\', "
+            "not '.' or '..'"
+        )
 
 
 _SECTIONS = (

@@ -58,6 +58,30 @@ def configure() -> str | None:
     return url
 
 
+def require(path, option: str) -> None:
+    """ConfigError naming `option` when `path` is a bucket URL (gs://...) and this environment
+    lacks the packages that reach one (the `gcs` extra); nothing for a local path."""
+    if not str(path).startswith(("gs://", "gcs://")):
+        return
+    import importlib.util
+
+    from train.errors import ConfigError
+
+    missing = [m for m in ("gcsfs", "google.cloud.storage") if not _importable(importlib.util, m)]
+    if missing:
+        raise ConfigError(
+            f"{option}={path}: a Cloud Storage path needs {' and '.join(missing)}, which this "
+            "environment lacks: pip install -e '.[gcs]'"
+        )
+
+
+def _importable(util, name: str) -> bool:
+    try:
+        return util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent package missing, or a module set to None
+        return False
+
+
 def _no_move_fallback(record: logging.LogRecord) -> bool:
     """Drops gcsfs's report of the objects.move call an emulator lacks (a 400, logged with its
     traceback, then "Falling back to copy/delete"); the copy and delete that follow still run."""

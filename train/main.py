@@ -43,6 +43,7 @@ from train.errors import (
     is_disk_full,
     one_line,
 )
+from train.memory import out_of_memory_line
 from train.mesh import make_mesh
 from train.nonfinite import NonfiniteError
 from train.preemption import EXIT_PREEMPTED, Preempted
@@ -102,6 +103,9 @@ def _exit_in_one_line(e: BaseException, cfg) -> None:
     """Exits with the one line and status of a failure the run reports so; returns otherwise."""
     if isinstance(e, ConfigError | NonfiniteError):  # NonfiniteError: trainer.on_nonfinite=stop
         exit_with(e)  # exit status 1, no traceback: it is the user's input (or cannot resume)
+    oom = out_of_memory_line(e)
+    if oom is not None:  # XLA's: a batch or model the state check could not rule out
+        exit_with(ConfigError(oom))
     if isinstance(e, Preempted):  # SIGTERM / SIGINT: the step reached is committed
         print(e, file=sys.stderr, flush=True)
         sys.exit(EXIT_PREEMPTED)

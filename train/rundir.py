@@ -202,11 +202,18 @@ class GcsObject:
     `delete` raise Conflict unless the object is at `generation` (0: absent)."""
 
     def __init__(self, url: str):
+        from google.auth.exceptions import DefaultCredentialsError
         from google.cloud import storage  # lazy: only for gs:// run directories
 
         bucket, _, self.name = url.removeprefix("gs://").partition("/")
         self.url = url
-        self.bucket = storage.Client().bucket(bucket)
+        try:
+            self.bucket = storage.Client().bucket(bucket)
+        except DefaultCredentialsError as e:
+            raise ConfigError(
+                f"{url}: no Google Cloud credentials on this machine to reach the bucket: "
+                "gcloud auth application-default login (a TPU VM has its service account's)"
+            ) from e
 
     def _blob(self):
         """A new handle on every call: a Blob that has read or written the object keeps that

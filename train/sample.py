@@ -52,7 +52,7 @@ def main(argv=None) -> list[str]:
         src = open_source(args.source, step=args.step, single_device=True, kinds=kinds)
         texts = fam.sampler.sample(src, args)
     except (ConfigError, FileNotFoundError, StateDictError, UnsafeCheckpointError) as e:
-        exit_with(e, prefix="train.sample: ")
+        exit_with(e)
     for text in texts:
         print(text)
         print(SEPARATOR)

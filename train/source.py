@@ -70,6 +70,8 @@ def open_source(
     whatever mesh the config names. `kinds`: the kinds the caller takes (others: SourceError;
     default every kind)."""
     gcs.configure()  # STORAGE_EMULATOR_HOST set: every gs:// client goes to that server
+    if data is not None:
+        gcs.require(data, "--data")
     if data is not None and not epath.Path(data).exists():
         raise SourceError(f"--data {data}: no such file or directory")
     weights, loaded = _kind(path)
@@ -120,6 +122,7 @@ def _weights_files() -> list:
 def _kind(path: str):
     """(the WeightsFile that recognises the file, or None for a run directory; the loaded file
     or None). A directory or a URL is a run directory."""
+    gcs.require(path, "SOURCE")
     if "://" in path or os.path.isdir(path):
         if not (epath.Path(path) / "config.yaml").exists():
             raise SourceError(
@@ -154,7 +157,7 @@ def _open_run(path: str, step, overrides, single_device) -> Source:
     except ConfigError as e:
         raise SourceError(f"{path}/config.yaml: {e}") from e
     task = _make_task(cfg, single_device, need_data=False)
-    ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint)
+    ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint, read_only=True)
     try:
         steps = sorted(ckpt.manager.all_steps())
         if not steps:
@@ -163,9 +166,7 @@ def _open_run(path: str, step, overrides, single_device) -> Source:
             raise SourceError(f"{path}: --step {step} not saved; checkpoints: {steps}")
         abstract = jit_lib.with_shardings(task.abstract_state, task.state_shardings)
         try:  # the newest that restores (a damaged newer step: one warning line, left in place)
-            found = ckpt.restore_newest(
-                abstract, steps=steps if step is None else [step], move_aside=False
-            )
+            found = ckpt.restore_newest(abstract, steps=None if step is None else [step])
         except ConfigError as e:  # --step N damaged, or no step restores
             raise SourceError(f"{path}: {e}") from e
         except (ValueError, FileNotFoundError) as e:  # Orbax: shapes that do not fit

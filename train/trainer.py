@@ -22,7 +22,7 @@ import numpy as np
 from etils import epath
 from omegaconf import OmegaConf
 
-from train import families, gcs, rundir
+from train import families, gcs, memory, rundir
 from train import jit as jit_lib
 from train import mesh as mesh_lib
 from train.checkpoint import Checkpointer
@@ -50,6 +50,7 @@ def train(cfg, mesh) -> dict:
     train.preemption.Preempted after a SIGTERM / SIGINT, once the step reached is committed,
     train.errors.DiskFullError when a write runs out of space (the last committed checkpoint is
     kept), and ConfigError when another trainer is writing the run directory (train/rundir.py)."""
+    gcs.require(cfg.run.out_dir, "run.out_dir")  # before the lease is claimed there
     run_dir, goodput, clock = run_dir_of(cfg), Goodput(), StepClock()
     # from the start: a signal during startup stops cleanly; the run directory is claimed
     # before anything in it is read or written
@@ -101,6 +102,7 @@ def _start(cfg, mesh, run_dir):
     mesh_lib.check_batch_divisible(mesh, cfg.mesh.rules, batch)  # not JAX's sharding error
     _check_init_from(cfg)
     task = families.make_task(cfg, mesh)  # refuses float64 on a TPU; x64 on when needed
+    memory.check_state_fits(task)  # an absurd size: one line now, not XLA's after compiling
     task.validate_data()  # a broken split or vocab fails here, not at the first evaluation
     ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint)
     try:
@@ -268,7 +270,10 @@ def _import(task, state, path: str):
 
 def _check_init_from(cfg) -> None:
     path = cfg.trainer.init_from
-    if path not in ("", "scratch") and not epath.Path(path).exists():
+    if path in ("", "scratch"):
+        return
+    gcs.require(path, "trainer.init_from")
+    if not epath.Path(path).exists():
         raise ConfigError(f"trainer.init_from={path!r}: no such file (a checkpoint to import)")
 
 

@@ -34,6 +34,7 @@ from flax import nnx
 
 from data.text_source import read_meta
 from models.gpt import GPT, GPTConfig, generate
+from train.errors import one_line
 from train.families.gpt.task import GPTTask
 from train.sample import SampleError
 from train.source import open_source
@@ -75,6 +76,12 @@ class BPECodec:
 
         try:
             self.enc = get_encoding(name)
+        except ImportError as e:  # tiktoken, an optional package
+            raise SampleError(
+                "no meta.json / meta.pkl was found for this checkpoint, so the encoding is GPT-2 "
+                "BPE (as in nanoGPT), which needs tiktoken: pip install tiktoken (or pass a "
+                "character-level data set's meta with --meta)"
+            ) from e
         except RuntimeError as e:  # GPT-2's BPE files are downloaded on first use
             raise SampleError(
                 f"{e} (no meta.json / meta.pkl was found for this checkpoint, so the encoding is "
@@ -112,6 +119,8 @@ def _read_meta(path: str) -> dict:
         return read_meta(path)
     except FileNotFoundError as e:
         raise SampleError(f"--meta: {path} not found (a meta.json, meta.pkl or a folder)") from e
+    except (OSError, ValueError) as e:  # not JSON, a pickle that asks for code, wrong fields
+        raise SampleError(one_line(e)) from e
 
 
 def resolve_codec(meta_path: str | None, search_dirs=()):
@@ -134,8 +143,9 @@ def _config_dirs(config) -> list[str]:
     data = config.get("data")
     if isinstance(data, dict) and data.get("path"):
         dirs.append(str(data["path"]))
-    if config.get("dataset"):  # nanoGPT's sample.py: data/<dataset>/meta.pkl from its cwd
-        dirs.append(os.path.join("data", str(config["dataset"])))
+    dataset = str(config.get("dataset") or "")
+    if dataset and dataset not in (".", "..") and not set("/\\") & set(dataset):
+        dirs.append(os.path.join("data", dataset))  # nanoGPT's sample.py: data/<dataset>/meta.pkl
     return dirs
 
 

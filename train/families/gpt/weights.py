@@ -13,6 +13,8 @@ import numpy as np
 from omegaconf import open_dict
 
 from models.gpt import PRESETS
+from train.compose import override
+from train.errors import one_line
 from train.source import SourceError, compose_for, has_experiment, run_name_for, validate_for
 from train.task import Opened, WeightsFile
 
@@ -69,8 +71,15 @@ def _hf_model(path: str, sd: dict) -> dict:
     n_layer = len({k.split(".")[1] for k in sd if k.startswith("h.")})
     beside = os.path.join(os.path.dirname(os.path.abspath(path)), "config.json")
     if os.path.isfile(beside):
-        with open(beside, encoding="utf-8") as f:
-            n_head = int(json.load(f)["n_head"])
+        try:
+            with open(beside, encoding="utf-8") as f:
+                n_head = json.load(f).get("n_head")
+        except (OSError, ValueError, AttributeError) as e:  # not JSON, not an object
+            raise SourceError(f"{beside}: not an HF config.json ({one_line(e, 200)})") from e
+        if not isinstance(n_head, int) or isinstance(n_head, bool) or n_head < 1:
+            raise SourceError(
+                f"{beside}: n_head: expected a positive whole number, got {n_head!r:.80}"
+            )
     else:
         sizes = [p for p in PRESETS.values() if (p["n_embd"], p["n_layer"]) == (n_embd, n_layer)]
         if not sizes:
@@ -90,7 +99,7 @@ def gpt_config(path: str, model: dict, data: str | None, overrides: list[str]):
     file's architecture, float32 compute, `data` as its data set (never built here)."""
     base = [] if has_experiment(overrides) else ["+experiment=gpt_shakespeare_char"]
     cfg = compose_for(
-        path, base + ["run.name=" + run_name_for(path), "model.dtype=float32", *overrides]
+        path, base + [override("run.name", run_name_for(path)), "model.dtype=float32", *overrides]
     )
     with open_dict(cfg):
         cfg.model.update(model)

@@ -84,9 +84,19 @@ def prepare_data(d) -> None:
 
 
 def data_sizes(data_dir: str) -> dict:
-    """The sizes (SIZES) of the train split of `data_dir`, from its dataset.json."""
-    meta = load_metadata(data_dir, "train")
+    """The sizes (SIZES) of the train split of `data_dir`, from its dataset.json (ConfigError
+    naming data.path, the file and the field when it does not load)."""
+    meta = _metadata(data_dir, "train", "data.path")
     return {k: getattr(meta, k) for k in SIZES}
+
+
+def _metadata(data_dir: str, split: str, option: str):
+    """`split`'s dataset.json, its format errors (they name the file and the field) one line
+    naming `option`."""
+    try:
+        return load_metadata(data_dir, split)
+    except (OSError, ValueError) as e:  # PuzzleFormatError is a ValueError
+        raise ConfigError(f"{option}: {one_line(e)}") from e
 
 
 def test_metadata(data_dir: str):
@@ -96,7 +106,7 @@ def test_metadata(data_dir: str):
             f"--data {data_dir}: no test/dataset.json; expected a data set in the upstream "
             "layout (python -m data.sudoku / data.maze / data.arc), or a Sudoku CSV file"
         )
-    return load_metadata(data_dir, "test")
+    return _metadata(data_dir, "test", "--data")
 
 
 def check_split(data_dir: str, split: str, model_cfg, option: str) -> None:

@@ -12,6 +12,8 @@ import yaml
 from omegaconf import open_dict
 
 from parity.trm_params import PUZZLE_KEY
+from train.compose import override
+from train.errors import one_line
 from train.families.trm.data import test_metadata
 from train.source import SourceError, compose_for, has_experiment, validate_for
 from train.task import Opened, WeightsFile
@@ -41,8 +43,7 @@ class UpstreamTRMCheckpoint(WeightsFile):
         beside = os.path.join(os.path.dirname(os.path.abspath(path)), "all_config.yaml")
         base = []
         if os.path.isfile(beside):
-            with open(beside) as f:
-                base = upstream_overrides(yaml.safe_load(f) or {})
+            base = upstream_overrides(_read_all_config(beside), beside)
         elif not has_experiment(overrides):
             raise SourceError(
                 f"{path}: no all_config.yaml beside it; pass the run's config as overrides, "
@@ -50,7 +51,7 @@ class UpstreamTRMCheckpoint(WeightsFile):
             )
         trained = [o.split("=", 1)[1] for o in base + overrides if o.startswith("data.path=")]
         cfg = compose_for(
-            path, base + overrides + ([f"data.path={data}"] if data is not None else [])
+            path, base + overrides + ([override("data.path", data)] if data is not None else [])
         )
         sd = {k.removeprefix("_orig_mod."): v for k, v in loaded.items()}
         vocab, table = sd.get("model.inner.embed_tokens.embedding_weight"), sd.get(PUZZLE_KEY)
@@ -65,27 +66,72 @@ class UpstreamTRMCheckpoint(WeightsFile):
         return Opened(cfg, trained_on=trained[-1] if trained else None)
 
 
-def upstream_overrides(all_config: dict) -> list[str]:
-    """Our Hydra overrides for the run an upstream all_config.yaml describes (model from `arch`,
-    loss type, batch size, EMA, data_paths[0], the ARC evaluator)."""
-    arch = dict(all_config.get("arch") or {})
-    module = str(arch.get("name", "recursive_reasoning.trm@")).split("@")[0].split(".")[-1]
-    if module not in _UPSTREAM_ARCH:
+def _read_all_config(path: str) -> dict:
+    """all_config.yaml as a mapping; SourceError naming the file otherwise. yaml.safe_load: a
+    Python tag is refused, never constructed."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = yaml.safe_load(f)
+    except yaml.constructor.ConstructorError as e:
+        if "python/" in str(e.problem):  # a Python tag: construction would run code
+            raise SourceError(
+                f"refusing to load {path}: it asks to run code ({' '.join(str(e.problem).split())})"
+            ) from e
+        raise SourceError(f"{path}: not a YAML file this reads ({one_line(e, 200)})") from e
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise SourceError(f"{path}: not a YAML file this reads ({one_line(e, 200)})") from e
+    if obj is None:
+        return {}
+    if not isinstance(obj, dict):
         raise SourceError(
-            f"all_config.yaml: arch.name={arch.get('name')!r} is not a known TRM arch"
+            f"{path}: expected a mapping of upstream's config keys (arch, data_paths, ...), "
+            f"got a {type(obj).__name__}"
         )
-    out = ["task=trm", "model=trm", "optim=trm", "data=sudoku", f"model.arch={module}"]
-    out += [f"model.{k}={arch[k]}" for k in _UPSTREAM_MODEL_KEYS if k in arch]
-    loss = (arch.get("loss") or {}).get("loss_type")
+    return obj
+
+
+def upstream_overrides(all_config: dict, where: str = "all_config.yaml") -> list[str]:
+    """Our Hydra overrides for the run an upstream all_config.yaml describes (model from `arch`,
+    loss type, batch size, EMA, data_paths[0], the ARC evaluator). SourceError naming `where`
+    and the key for a value of another shape than upstream writes."""
+
+    def get(obj, key, kinds, what):
+        value = obj.get(key)
+        if value is not None and not isinstance(value, kinds):
+            raise SourceError(f"{where}: {key}: expected {what}, got {value!r:.80}")
+        return value
+
+    scalar = (bool, int, float, str)
+    arch = dict(get(all_config, "arch", dict, "a mapping") or {})
+    name = get(arch, "name", str, "upstream's arch name") or "recursive_reasoning.trm@"
+    module = name.split("@")[0].split(".")[-1]
+    if module not in _UPSTREAM_ARCH:
+        raise SourceError(f"{where}: arch.name={name!r} is not a known TRM arch")
+    out = ["task=trm", "model=trm", "optim=trm", "data=sudoku", override("model.arch", module)]
+    out += [
+        override(f"model.{k}", get(arch, k, scalar, "a number, a string or a boolean"))
+        for k in _UPSTREAM_MODEL_KEYS
+        if k in arch
+    ]
+    loss = get(get(arch, "loss", dict, "a mapping") or {}, "loss_type", str, "a name")
     if loss:
-        out.append(f"model.loss_type={loss}")
-    if "global_batch_size" in all_config:
-        out.append(f"trainer.global_batch_size={int(all_config['global_batch_size'])}")
-    if "ema" in all_config:
-        out.append(f"optim.ema={bool(all_config['ema'])}")
-    paths = all_config.get("data_paths_test") or all_config.get("data_paths") or []
+        out.append(override("model.loss_type", loss))
+    batch = get(all_config, "global_batch_size", int, "a whole number")
+    if batch is not None:
+        out.append(override("trainer.global_batch_size", batch))
+    ema = get(all_config, "ema", bool, "true or false")
+    if ema is not None:
+        out.append(override("optim.ema", ema))
+    paths = [
+        get(all_config, k, list, "a list of data set paths") or []
+        for k in ("data_paths_test", "data_paths")
+    ]
+    paths = paths[0] or paths[1]
     if paths:
-        out.append(f"data.path={paths[0]}")
-    if any("arc" in str(e.get("name", "")).lower() for e in all_config.get("evaluators") or []):
+        if not isinstance(paths[0], str):
+            raise SourceError(f"{where}: data_paths: expected paths, got {paths[0]!r:.80}")
+        out.append(override("data.path", paths[0]))
+    evaluators = get(all_config, "evaluators", list, "a list") or []
+    if any(isinstance(e, dict) and "arc" in str(e.get("name", "")).lower() for e in evaluators):
         out.append("data.evaluator=arc")
     return out + ["run.name=upstream_eval", "trainer.epochs=1", "data.eval_interval_epochs=1"]
