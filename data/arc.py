@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -52,7 +53,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from data import cli
+from data import cli, provenance
 from data.augment import (
     colour_map_from_str,
     colour_map_to_str,
@@ -288,6 +289,7 @@ def build(
     seed: int = 42,
     overwrite: bool = False,
     download_to=None,
+    built_by: dict | None = None,
 ) -> dict:
     t0 = time.time()
     output_dir = Path(output_dir)
@@ -370,7 +372,12 @@ def build(
         summary[f"{split}_examples"] = arrays.num_examples
         summary[f"{split}_mean_puzzle_examples"] = round(meta.mean_puzzle_examples, 4)
     write_dataset(
-        output_dir, splits, names, extra_json={"test_puzzles": test_puzzles}, overwrite=overwrite
+        output_dir,
+        splits,
+        names,
+        extra_json={"test_puzzles": test_puzzles},
+        overwrite=overwrite,
+        built_by=built_by,
     )
     summary["num_puzzle_identifiers"] = len(names)
     summary["bytes"] = sum(f.stat().st_size for f in output_dir.rglob("*") if f.is_file())
@@ -379,6 +386,7 @@ def build(
 
 
 def main(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
     p = cli.parser("data.arc", __doc__)
     p.add_argument(
         "--input-file-prefix",
@@ -409,6 +417,11 @@ def main(argv=None) -> dict:
         seed=args.seed,
         overwrite=args.overwrite,
         download_to=args.download_dir,
+        built_by=provenance.record(
+            "data.arc",
+            provenance.command_args(argv, neutral=("--overwrite", "--download-dir")),
+            {"input_file_prefix": args.input_file_prefix},
+        ),
     )
     return cli.print_summary(summary)
 

@@ -26,6 +26,7 @@ API
 from __future__ import annotations
 
 import csv
+import sys
 import time
 from pathlib import Path
 
@@ -33,7 +34,7 @@ import numpy as np
 from scipy import ndimage
 from tqdm import tqdm
 
-from data import cli
+from data import cli, provenance
 from data.augment import dihedral_transform
 from data.download import fetch
 from data.puzzle_format import (
@@ -182,6 +183,7 @@ def build(
     seed: int = 0,
     overwrite: bool = False,
     cache_dir=None,
+    built_by: dict | None = None,
 ) -> dict:
     t0 = time.time()
     out_dir = Path(out_dir)
@@ -208,13 +210,14 @@ def build(
         splits[split] = (meta, {"all": arrays})
         summary[f"{split}_mazes"] = int(inputs.shape[0])
         summary[f"{split}_examples"] = arrays.num_examples
-    write_dataset(out_dir, splits, ["<blank>"], overwrite=overwrite)
+    write_dataset(out_dir, splits, ["<blank>"], overwrite=overwrite, built_by=built_by)
     summary["bytes"] = sum(f.stat().st_size for f in out_dir.rglob("*") if f.is_file())
     summary["seconds"] = round(time.time() - t0, 2)
     return summary
 
 
 def main(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
     p = cli.parser("data.maze", __doc__)
     p.add_argument("--out-dir", default="data_out/maze-30x30-hard-1k")
     p.add_argument(
@@ -235,6 +238,11 @@ def main(argv=None) -> dict:
         subsample_size=args.subsample_size,
         seed=args.seed,
         overwrite=args.overwrite,
+        built_by=provenance.record(
+            "data.maze",
+            provenance.command_args(argv, neutral=("--overwrite",)),
+            {"source": args.source or f"https://huggingface.co/datasets/{HF_REPO}"},
+        ),
     )
     return cli.print_summary(summary)
 

@@ -28,13 +28,14 @@ from __future__ import annotations
 import json
 import math
 import multiprocessing
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from data import cli
+from data import cli, provenance
 from data.text_source import write_meta_json, write_token_bin
 
 EOT_TEXT = "<|endoftext|>"
@@ -165,12 +166,15 @@ def build(
     seed: int = 2357,
     num_proc: int = 1,
     hf_dataset: str | None = None,
+    built_by: dict | None = None,
 ) -> dict:
     t0 = time.time()
     out_dir = Path(out_dir)
     enc = get_encoding(encoding)  # fail before any work if the tokenizer is unavailable
     if enc.n_vocab > 65536:
         raise ValueError(f"encoding {encoding!r} has {enc.n_vocab} ids: too many for uint16 bins")
+    if built_by is not None:  # written last: a build cut short leaves no record of it
+        (out_dir / provenance.RECORD).unlink(missing_ok=True)
     docs = _HubDocuments(hf_dataset) if hf_dataset else _FileDocuments(inputs)
     n = len(docs)
     if n < 2:
@@ -191,11 +195,14 @@ def build(
         out_dir / "meta.json",
         {"encoding": encoding, "tokenizer_vocab_size": enc.n_vocab, "eot_token": enc.eot_token},
     )
+    if built_by is not None:
+        provenance.write(out_dir, built_by, ["train.bin", "val.bin", "meta.json"])
     summary["seconds"] = round(time.time() - t0, 2)
     return summary
 
 
 def main(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
     p = cli.parser("data.openwebtext", __doc__)
     p.add_argument("--input", nargs="*", default=[], help=".txt / .jsonl files or folders")
     p.add_argument("--hf-dataset", default=None, help="e.g. Skylion007/openwebtext (online)")
@@ -215,6 +222,11 @@ def main(argv=None) -> dict:
         seed=args.seed,
         num_proc=args.num_proc,
         hf_dataset=args.hf_dataset,
+        built_by=provenance.record(
+            "data.openwebtext",
+            provenance.command_args(argv, neutral=("--num-proc",)),
+            {f"input_{i}": path for i, path in enumerate(args.input)},
+        ),
     )
     return cli.print_summary(summary)
 

@@ -46,6 +46,8 @@ from typing import Any
 
 import numpy as np
 
+from data import provenance
+
 SPLITS = ("train", "test")
 FIELDS = ("inputs", "labels", "puzzle_identifiers", "puzzle_indices", "group_indices")
 IGNORE_LABEL = -100  # torch cross-entropy's default ignore_index; upstream maps to it at collate
@@ -294,10 +296,11 @@ def _token_dtype(vocab_size: int) -> np.dtype:
 
 def check_output_dir(root: str | os.PathLike, overwrite: bool) -> None:
     """FileExistsError naming `root` unless a data set may be written there: `root` does not
-    exist, or `overwrite` and it is an empty folder or a data set of this layout (identifiers.json
-    or a split's dataset.json). Nothing else is ever replaced: not a file, not a folder of other
-    things (a mistyped output folder must not cost its contents). Builders call it before their
-    work; write_dataset calls it again."""
+    exist, or `overwrite` and it is an empty folder, or a folder holding only what a build wrote
+    (the entries its built_by.json lists; without one, a data set of this layout and nothing
+    else). Nothing else is ever replaced: not a file, not a user's file beside a data set, not a
+    folder of other things (a mistyped output folder must not cost its contents). Builders call it
+    before their work; write_dataset calls it again."""
     root = os.path.abspath(os.fspath(root))
     if not os.path.lexists(root):
         return
@@ -305,15 +308,31 @@ def check_output_dir(root: str | os.PathLike, overwrite: bool) -> None:
         raise FileExistsError(f"{root} exists; pass overwrite=True (builders: --overwrite)")
     if not os.path.isdir(root):
         raise FileExistsError(f"{root} is a file, not a data set folder: not replaced")
-    entries = os.listdir(root)
-    if entries and not (
-        "identifiers.json" in entries
-        or any(os.path.isfile(os.path.join(root, s, "dataset.json")) for s in SPLITS)
+    entries = set(os.listdir(root))
+    if not entries:
+        return
+    rec = provenance.read(root)  # NotReplaced (a ValueError) when damaged
+    if rec is not None:
+        written, what = set(rec["files"]), f"its build wrote ({provenance.RECORD})"
+    elif "identifiers.json" in entries or any(
+        os.path.isfile(os.path.join(root, s, "dataset.json")) for s in SPLITS
     ):
+        written, what = _LAYOUT_ENTRIES, "a data set of this layout has"
+    else:
         raise FileExistsError(
             f"{root} holds {len(entries)} entries but no data set (no identifiers.json or "
             "<split>/dataset.json): not replaced; empty it or choose another folder"
         )
+    foreign = sorted(entries - written)
+    if foreign:
+        raise FileExistsError(
+            f"{root} holds {', '.join(foreign[:5])}, beyond what {what}: not replaced; move "
+            "them out or choose another folder"
+        )
+
+
+# A data set folder's entries without a build record: what write_dataset writes (ARC: its extra)
+_LAYOUT_ENTRIES = {"identifiers.json", *SPLITS, "test_puzzles.json"}
 
 
 def write_dataset(
@@ -323,13 +342,15 @@ def write_dataset(
     *,
     extra_json: Mapping[str, Any] | None = None,
     overwrite: bool = False,
+    built_by: dict | None = None,
 ) -> str:
     """Validate and write a whole data set atomically; returns the final path.
 
     ``splits``: e.g. ``{"train": (meta, {"all": arrays}), "test": (...)}``. Everything is written
     into a temporary sibling directory that is renamed onto ``root`` at the end, so an interrupted
     build never leaves a half-written data set behind. ``extra_json``: ``{"test_puzzles": obj}``
-    writes ``<root>/test_puzzles.json``.
+    writes ``<root>/test_puzzles.json``. ``built_by``: the builder command's record
+    (data.provenance), written beside as built_by.json with the names of what was written.
     """
     root = os.path.abspath(os.fspath(root))
     check_output_dir(root, overwrite)
@@ -368,6 +389,8 @@ def write_dataset(
         for name, obj in (extra_json or {}).items():
             with open(os.path.join(tmp, f"{name}.json"), "w") as f:
                 json.dump(obj, f)
+        if built_by is not None:
+            provenance.write(tmp, built_by, os.listdir(tmp))
         if os.path.exists(root):  # overwrite: move the old copy aside first, delete it last
             old = tempfile.mkdtemp(prefix=f".{os.path.basename(root)}.old-", dir=parent)
             os.rename(root, os.path.join(old, "d"))

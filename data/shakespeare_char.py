@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from data import cli
+from data import cli, provenance
 from data.download import fetch
 from data.text_source import write_meta_json, write_token_bin
 
@@ -44,10 +44,18 @@ def decode(ids, itos: dict[int, str]) -> str:
     return "".join(itos[int(i)] for i in ids)
 
 
-def build(out_dir, *, input_path=None, url: str = CHAR_RNN_URL) -> dict:
+def build_record(input_path=None, url: str = CHAR_RNN_URL) -> dict:
+    """The record (data.provenance) of a build from `input_path`, or from `url` without one."""
+    return provenance.record("data.shakespeare_char", [], {"input": input_path or url})
+
+
+def build(out_dir, *, input_path=None, url: str = CHAR_RNN_URL, built_by=None) -> dict:
+    """`built_by`: the record written beside (build_record; main and the trainer write one)."""
     t0 = time.time()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if built_by is not None:  # written last: a build cut short leaves no record of it
+        (out_dir / provenance.RECORD).unlink(missing_ok=True)
     if input_path is None:
         input_path = out_dir / "input.txt"
         if not input_path.exists():
@@ -69,6 +77,10 @@ def build(out_dir, *, input_path=None, url: str = CHAR_RNN_URL) -> dict:
         pickle.dump(meta, f)
     os.replace(tmp, out_dir / "meta.pkl")
     write_meta_json(out_dir / "meta.json", {"vocab_size": len(chars), "itos": chars, "stoi": stoi})
+    if built_by is not None:
+        written = ["train.bin", "val.bin", "meta.pkl", "meta.json"]
+        downloaded = Path(input_path) == out_dir / "input.txt"
+        provenance.write(out_dir, built_by, written + (["input.txt"] if downloaded else []))
     return {
         "input": str(input_path),
         "characters": n,
@@ -86,7 +98,12 @@ def main(argv=None) -> dict:
     p.add_argument("--input", default=None, help="local input.txt (default: download it)")
     p.add_argument("--url", default=CHAR_RNN_URL)
     args = p.parse_args(argv)
-    summary = build(args.out_dir, input_path=args.input, url=args.url)
+    summary = build(
+        args.out_dir,
+        input_path=args.input,
+        url=args.url,
+        built_by=build_record(args.input, args.url),
+    )
     return cli.print_summary(summary)
 
 

@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 import numpy as np
 from tqdm import tqdm
 
-from data import cli
+from data import cli, provenance
 from data.puzzle_format import PuzzleArrays, check_output_dir, make_metadata, write_dataset
 from data.sudoku_sources import (
     DEFAULT_CACHE,
@@ -152,6 +153,7 @@ def build_sudoku(
     seed: int = 0,
     overwrite: bool = False,
     progress: bool = False,
+    built_by: dict | None = None,
 ) -> dict:
     """Filter, subsample (train; test only if ``test_subsample_size``), augment (train), check and
     write ``output_dir``; returns a summary dict (counts, bytes, seconds)."""
@@ -196,7 +198,7 @@ def build_sudoku(
             "mean_givens": float((records.questions > 0).sum(1).mean()),
             "mean_rating": float(records.ratings.mean()),
         }
-    write_dataset(output_dir, splits, ["<blank>"], overwrite=overwrite)
+    write_dataset(output_dir, splits, ["<blank>"], overwrite=overwrite, built_by=built_by)
     summary["bytes"] = _dir_bytes(output_dir)
     summary["seconds"] = time.perf_counter() - t0
     return summary
@@ -258,7 +260,12 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+# options that change how the build runs, not what it writes (left out of its record)
+_NEUTRAL = ("--overwrite", "--no-progress", "--workers", "--cache-dir")
+
+
 def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
     check_output_dir(args.output_dir, args.overwrite)  # before minutes of generating
     progress = not args.no_progress
@@ -266,6 +273,7 @@ def main(argv: list[str] | None = None) -> dict:
     # Generated puzzles must need at least one guess unless asked otherwise: a minimal puzzle that
     # singles alone solve (~40% of them) teaches little.
     gen_min = 1 if args.min_difficulty is None else int(args.min_difficulty)
+    csvs = []  # the Sudoku-Extreme CSVs read (a --csv-dir, or the download cache)
     if args.generate is not None:
         n_test = args.generate // 5 if args.generate_test is None else args.generate_test
         train, test = generated_splits(
@@ -309,6 +317,7 @@ def main(argv: list[str] | None = None) -> dict:
             except RuntimeError as e:
                 raise SystemExit(f"error: {e}") from None
         train, test = (read_sudoku_csv(p, progress=progress) for p in paths)
+        csvs = paths
         min_difficulty = args.min_difficulty
     read_s = time.perf_counter() - t0
     summary = build_sudoku(
@@ -322,6 +331,11 @@ def main(argv: list[str] | None = None) -> dict:
         seed=args.seed,
         overwrite=args.overwrite,
         progress=progress,
+        built_by=provenance.record(
+            "data.sudoku",
+            provenance.command_args(argv, neutral=_NEUTRAL),
+            {"input_upstream": args.input_upstream, **dict(zip(("train_csv", "test_csv"), csvs))},
+        ),
     )
     summary["source_seconds"] = read_s
     _print_summary(summary)

@@ -30,7 +30,7 @@ import sys
 
 import numpy as np
 
-from data import cli
+from data import cli, provenance
 from data.sudoku import build_sudoku
 from data.sudoku_sources import SudokuRecords, generate_records, read_sudoku_csv
 
@@ -45,6 +45,7 @@ def build_easy_sudoku(
     seed: int = 0,
     unique: bool = True,
     test_csv: str | None = None,
+    built_by: dict | None = None,
 ) -> dict:
     """`unique` (default): the blanks are drawn among the blank cells of the generator's own
     puzzle (53-60 of them, and that puzzle has one solution), so every grid keeps exactly one
@@ -52,7 +53,7 @@ def build_easy_sudoku(
     sets were made; with many blanks such a grid often has other solutions, which exact accuracy
     scores as wrong (measured: 117 of 200 grids at 40 blanks, 18 of 100 at 30). `test_csv`: the
     test grids come from this CSV's first `test` puzzles instead (module docstring); train=0: no
-    train split."""
+    train split. `built_by`: the record written beside (data.provenance; main writes one)."""
 
     def source(n, start):
         if start == 0 or test_csv is None:
@@ -88,18 +89,22 @@ def build_easy_sudoku(
         num_aug=num_aug,
         seed=seed,
         overwrite=True,
+        built_by=built_by,
     )
 
 
 _PARAMS = inspect.signature(build_easy_sudoku).parameters
-KEYS = tuple(k for k in _PARAMS if k != "output_dir")  # main's key=value arguments
+KEYS = tuple(
+    k for k in _PARAMS if k not in ("output_dir", "built_by")
+)  # main's key=value arguments
 REQUIRED = tuple(k for k in KEYS if _PARAMS[k].default is inspect.Parameter.empty)
 
 
-def main(argv: list[str]) -> dict:
-    """CLI-style entry used by the trainer's data.build hook: --output-dir DIR key=value ...
-    ValueError naming the argument for a bad one (an unknown key, a number that is not one)."""
-    kw, out = {}, None
+def _parse(argv: list[str]) -> tuple[dict, str | None, list[str]]:
+    """-> (build_easy_sudoku's keyword arguments, --output-dir, the key=value arguments as
+    given). ValueError naming the argument for a bad one (an unknown key, a number that is not
+    one)."""
+    kw, out, given = {}, None, []
     it = iter(argv)
     for a in it:
         if a == "--output-dir":
@@ -114,6 +119,20 @@ def main(argv: list[str]) -> dict:
             kw[k] = v if k == "test_csv" else int(v)
         except ValueError:
             raise ValueError(f"sudoku_easy: {a!r}: {k} must be a whole number") from None
+        given.append(a)
+    return kw, out, given
+
+
+def build_record(argv: list[str]) -> dict:
+    """The record (data.provenance) `main(argv)` writes into its output folder."""
+    kw, _, given = _parse(argv)
+    return provenance.record("data.sudoku_easy", given, {"test_csv": kw.get("test_csv")})
+
+
+def main(argv: list[str]) -> dict:
+    """CLI-style entry used by the trainer's data.build hook: --output-dir DIR key=value ...
+    ValueError naming the argument for a bad one (an unknown key, a number that is not one)."""
+    kw, out, _ = _parse(argv)
     missing = [k for k in REQUIRED if k not in kw]
     if out is None or missing:
         raise ValueError(
@@ -121,7 +140,7 @@ def main(argv: list[str]) -> dict:
             + " ".join(f"{k}=N" for k in REQUIRED)
             + (f"; missing {', '.join(missing)}" if missing else "; missing --output-dir")
         )
-    return build_easy_sudoku(out, **kw)
+    return build_easy_sudoku(out, **kw, built_by=build_record(argv))
 
 
 if __name__ == "__main__":

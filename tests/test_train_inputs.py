@@ -174,7 +174,10 @@ def test_finished_checkpoint_rerun_keeps_final_json_and_names_ignored_init_from(
     assert open(os.path.join(run_dir, "final.json")).read() == final
     assert f"trainer.init_from={input_txt} was NOT imported: resuming {run_dir}" in text, text
     assert "from its own checkpoint at step 4" in text
-    assert f"data.input={input_txt!r} was not read: data.path={text_dir!r} already holds" in text
+    assert (
+        f"data.path={text_dir}: no built_by.json says how it was built: read as it is, not "
+        f"checked against data.build=shakespeare_char from data.input={input_txt}" in text
+    ), text
     assert f"{run_dir} already finished at step 4 (final.json kept)" in text, text
     assert not os.path.exists(os.path.join(run_dir, "metrics.jsonl"))  # no step, no logger
     # A missing init_from is an error even though the run would resume and not import it.
@@ -241,7 +244,10 @@ def test_finished_run_rerun_keeps_final_json_and_says_what_it_ignored(text_dir, 
     assert open(final_path).read() == final  # not overwritten with {"step": 4}
     assert f"trainer.init_from={input_txt} was NOT imported: resuming {run_dir}" in text, text
     assert "at step 4" in text
-    assert f"data.input={input_txt!r} was not read: data.path={text_dir!r} already holds" in text
+    assert (
+        f"data.path={text_dir}: no built_by.json says how it was built: read as it is, not "
+        f"checked against data.build=shakespeare_char from data.input={input_txt}" in text
+    ), text
     assert f"{run_dir} already finished at step 4 (final.json kept)" in text, text
 
     missing = overrides + [f"trainer.init_from={tmp_path}/nope.pt"]
@@ -447,7 +453,7 @@ def test_a_data_path_that_is_not_a_data_set_is_refused_and_kept(tmp_path, what):
     mine.parent.mkdir(exist_ok=True)
     mine.write_text("mine")
     d = {"path": str(path), "build": "sudoku_easy", "build_args": _SUDOKU_EASY}
-    with pytest.raises(ConfigError, match=f"data.path='{path}' has no train/dataset.json") as e:
+    with pytest.raises(ConfigError, match=f"^data.path='{path}' \\(data.build=sudoku_easy ") as e:
         prepare_data(d)
     assert "\n" not in str(e.value) and "not replaced" in str(e.value)
     assert mine.read_text() == "mine" and sorted(os.listdir(tmp_path)) == ["mine"]

@@ -17,10 +17,11 @@ import numpy as np
 
 from data.download import DownloadError
 from data.shakespeare_char import build as build_shakespeare_char
+from data.shakespeare_char import build_record
 from data.text_source import read_meta, read_token_bin, train_dataset
 from models.fields import ranged
 from train.errors import ConfigError, one_line
-from train.task import build_once
+from train.task import build_data
 
 log = logging.getLogger(__name__)
 
@@ -37,42 +38,43 @@ class GPTDataConfig:
 
 def prepare_data(d: dict) -> dict:
     """The data set of the `data` section `d`, built first when data.build names a builder and
-    data.path holds none yet: -> its meta.json entries ({} without one)."""
+    data.path holds none yet, or holds one its build record says was built from another input
+    (train.task.build_data): -> its meta.json entries ({} without one)."""
     path = d.get("path", "")
     if not path:
         raise ConfigError("data.path: directory with train.bin / val.bin / meta.json is required")
-    if os.path.exists(os.path.join(path, "train.bin")):
-        if d.get("input"):
-            log.warning(
-                "data.input=%r was not read: data.path=%r already holds built data "
-                "(train.bin); delete that directory (or set another data.path) to rebuild "
-                "from data.input",
-                d["input"],
-                path,
-            )
-    else:
-        builder = d.get("build")
-        if builder != "shakespeare_char":
-            raise ConfigError(
-                f"data.path={path!r} has no train.bin; build it first (python -m data.<name>)"
-            )
-        log.info("building %s into %s", builder, path)
-        try:
-            build_once(
-                "gpt_data_built",
-                lambda: build_shakespeare_char(path, input_path=d.get("input") or None),
-            )
-        except DownloadError as e:  # the builder's own hint names its CLI flag, not our key
-            raise ConfigError(
-                f"data.path={path!r} holds no train.bin, and building it could not download "
-                f"{e.url} ({e.reason}); offline? set data.input=path/to/input.txt "
-                "(tiny-shakespeare's input.txt)"
-            ) from e
-        except (OSError, ValueError) as e:  # data.input missing or unreadable
-            raise ConfigError(
-                f"data.path={path!r} holds no train.bin, and building it from data.input="
-                f"{d.get('input')!r} failed: {one_line(e)}"
-            ) from e
+    builder, given = d.get("build"), d.get("input") or None
+    if builder is None and os.path.exists(os.path.join(path, "train.bin")):
+        return _meta(path)
+    if builder != "shakespeare_char":
+        raise ConfigError(
+            f"data.path={path!r} has no train.bin; build it first (python -m data.<name>)"
+        )
+    what = f"data.build={builder} from " + (f"data.input={given}" if given else "a download")
+    try:
+        wanted = build_record(given)
+        build_data(
+            path,
+            what,
+            wanted,
+            lambda p: all(os.path.exists(os.path.join(p, f)) for f in ("train.bin", "val.bin")),
+            lambda: build_shakespeare_char(path, input_path=given, built_by=wanted),
+        )
+    except DownloadError as e:  # the builder's own hint names its CLI flag, not our key
+        raise ConfigError(
+            f"data.path={path!r}: building it ({what}) could not download {e.url} ({e.reason}); "
+            "offline? set data.input=path/to/input.txt (tiny-shakespeare's input.txt)"
+        ) from e
+    except ConfigError:
+        raise
+    except (OSError, ValueError) as e:  # data.input missing or unreadable
+        raise ConfigError(
+            f"data.path={path!r}: building it from data.input={given!r} failed: {one_line(e)}"
+        ) from e
+    return _meta(path)
+
+
+def _meta(path: str) -> dict:
     try:
         return read_meta(path)
     except FileNotFoundError:

@@ -14,10 +14,10 @@ import json
 import logging
 import os
 
-from data.puzzle_format import check_output_dir, load_metadata, load_split
+from data.puzzle_format import load_metadata, load_split
 from models.fields import ranged
 from train.errors import ConfigError, one_line
-from train.task import build_once
+from train.task import build_data
 
 log = logging.getLogger(__name__)
 
@@ -47,25 +47,23 @@ SIZES = ("seq_len", "vocab_size", "num_puzzle_identifiers", "total_groups", "mea
 
 
 def prepare_data(d) -> None:
-    """Builds the data set of the `data` section `d` with data.build when data.path holds none."""
+    """Builds the data set of the `data` section `d` with data.build when data.path holds none,
+    or holds one its build record says was built with other settings (train.task.build_data)."""
     path, builder = d.get("path", ""), d.get("build")
     if not path:
         raise ConfigError("data.path: a puzzle data set directory (upstream layout) is required")
-    if os.path.exists(os.path.join(path, "train", "dataset.json")):
-        return
     if not builder:
+        if os.path.exists(os.path.join(path, "train", "dataset.json")):
+            return
         raise ConfigError(
             f"data.path={path!r} has no train/dataset.json; build it first "
             "(python -m data.sudoku / data.maze / data.arc, see configs/data/)"
         )
-    try:  # the builder replaces what is there: only nothing, an empty folder or a data set
-        check_output_dir(path, overwrite=True)
-    except FileExistsError as e:
-        raise ConfigError(f"data.path={path!r} has no train/dataset.json to read and {e}") from e
-    args = [*d.get("build_args", []), "--output-dir", path]
+    build_args = list(d.get("build_args", []))
+    args = [*build_args, "--output-dir", path]
     module = builder if "." in builder else f"data.{builder}"
     try:
-        main = importlib.import_module(module).main
+        builder_module = importlib.import_module(module)
     except ModuleNotFoundError as e:
         if e.name is None or not (module + ".").startswith(e.name + "."):
             raise  # the builder exists; something it imports is missing
@@ -73,14 +71,20 @@ def prepare_data(d) -> None:
             f"data.build={builder!r}: no module {module} (a builder of data/, e.g. sudoku_easy, "
             "or the module path of one with main(argv))"
         ) from e
-    log.info("building %s into %s: %s", builder, path, args)
+    what = f"data.build={builder} with data.build_args={build_args}"
     try:
-        build_once("trm_data_built", lambda: main(args))
+        record = getattr(builder_module, "build_record", None)
+        build_data(
+            path,
+            what,
+            record(args) if record else None,
+            lambda p: os.path.exists(os.path.join(p, "train", "dataset.json")),
+            lambda: builder_module.main(args),
+        )
+    except ConfigError:
+        raise
     except (OSError, ValueError) as e:  # a bad build_args value, a missing input file
-        raise ConfigError(
-            f"data.build={builder} with data.build_args={list(d.get('build_args', []))}: "
-            f"{one_line(e)}"
-        ) from e
+        raise ConfigError(f"{what}: {one_line(e)}") from e
 
 
 def data_sizes(data_dir: str) -> dict:
