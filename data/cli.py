@@ -34,9 +34,17 @@ def run(main, argv=None):
         sys.exit("error: " + (" ".join(str(e).split()) or type(e).__name__))
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser whose usage error is the one line `error: ...` (exit status 2, as
+    argparse's) instead of the usage block and the error; --help prints the usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} ({self.prog} --help lists the options)\n")
+
+
 def parser(module: str, doc: str | None) -> argparse.ArgumentParser:
     """`python -m <module>`'s parser; `doc` (the module docstring) is printed as written."""
-    return argparse.ArgumentParser(
+    return OneLineParser(
         prog=f"python -m {module}",
         description=doc,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -54,8 +54,7 @@ def build(out_dir, *, input_path=None, url: str = CHAR_RNN_URL, built_by=None) -
     t0 = time.time()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if built_by is not None:  # written last: a build cut short leaves no record of it
-        (out_dir / provenance.RECORD).unlink(missing_ok=True)
+    previous = provenance.read(out_dir) if built_by is not None else None
     if input_path is None:
         input_path = out_dir / "input.txt"
         if not input_path.exists():
@@ -63,6 +62,8 @@ def build(out_dir, *, input_path=None, url: str = CHAR_RNN_URL, built_by=None) -
     text = Path(input_path).read_text(encoding="utf-8")
     if not text:
         raise ValueError(f"{input_path} is empty")
+    if built_by is not None:  # written last: a build cut short leaves no record of it
+        (out_dir / provenance.RECORD).unlink(missing_ok=True)
     chars = sorted(set(text))
     stoi = {c: i for i, c in enumerate(chars)}
     itos = dict(enumerate(chars))
@@ -79,8 +80,11 @@ def build(out_dir, *, input_path=None, url: str = CHAR_RNN_URL, built_by=None) -
     write_meta_json(out_dir / "meta.json", {"vocab_size": len(chars), "itos": chars, "stoi": stoi})
     if built_by is not None:
         written = ["train.bin", "val.bin", "meta.pkl", "meta.json"]
-        downloaded = Path(input_path) == out_dir / "input.txt"
-        provenance.write(out_dir, built_by, written + (["input.txt"] if downloaded else []))
+        if Path(input_path) == out_dir / "input.txt":  # downloaded
+            written.append("input.txt")
+        for stale in set(previous["files"] if previous else ()) - {*written, provenance.RECORD}:
+            (out_dir / stale).unlink(missing_ok=True)  # what the previous build wrote, not this
+        provenance.write(out_dir, built_by, written)
     return {
         "input": str(input_path),
         "characters": n,

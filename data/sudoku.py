@@ -37,6 +37,7 @@ import numpy as np
 from tqdm import tqdm
 
 from data import cli, provenance
+from data.cli import OneLineParser
 from data.puzzle_format import PuzzleArrays, check_output_dir, make_metadata, write_dataset
 from data.sudoku_sources import (
     DEFAULT_CACHE,
@@ -210,7 +211,7 @@ def _dir_bytes(path: str) -> int:
 
 # ------------------------------------------------------------------------------------------ CLI
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="python -m data.sudoku",
         description="Build a Sudoku data set in the upstream TRM on-disk layout.",
         formatter_class=argparse.RawDescriptionHelpFormatter,

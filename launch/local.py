@@ -17,7 +17,6 @@ way and returns each process's output (the multi-process tests read per-process 
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import socket
@@ -27,6 +26,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from data.cli import OneLineParser
 from train.preemption import EXIT_PREEMPTED
 
 
@@ -218,7 +218,7 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m launch.local", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m launch.local", description=__doc__.split("\n")[0])
     p.add_argument("--processes", type=int, default=1, help="local processes standing in for hosts")
     p.add_argument("--cpu-devices", type=int, help="fake CPU devices per process")
     p.add_argument("--platform", choices=["cpu", "gpu", "tpu"], help="JAX_PLATFORMS for the run")

@@ -34,6 +34,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from data.cli import OneLineParser
 from train.config import RunConfig
 
 DEFAULT_ZONE = "us-central2-b"  # where public v4 capacity lives
@@ -537,7 +538,7 @@ def _parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="print the commands instead of running them"
     )
 
-    p = argparse.ArgumentParser(prog="python -m launch.tpu", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m launch.tpu", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="step", required=True)
 
     c = sub.add_parser("create", parents=[common], help="queue a request for the slice")

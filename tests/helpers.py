@@ -5,6 +5,7 @@ it, and the `python -m train.main` processes the tests start get their data buil
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -255,3 +256,64 @@ def logged_steps(run_dir: str) -> list[int]:
         except ValueError:  # the line being written right now
             continue
     return sorted(r["step"] for r in records if any(k.startswith("train/") for k in r))
+
+
+def read_while_training(args: list[str], read, *, ready, reader: str | None = None, env=None,
+                        timeout: float = 600):  # fmt: skip
+    """`python -m train.main *args` in a subprocess; once `ready()` (it has started saving), reads
+    its run directory `reader` again and again in this process until the trainer ends, as a user
+    evaluating a run while it trains: train.source's way in (Orbax's manager and a restore) each
+    time, the whole train.evaluate every fourth time; `read()` after each. -> (returncode,
+    output, reads that completed)."""
+    from train.evaluate import evaluate
+    from train.source import open_source
+
+    cmd = [sys.executable, "-m", "train.main", *args]
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                text=True)  # fmt: skip
+        deadline, reads, started = time.monotonic() + timeout, 0, False
+        try:
+            while proc.poll() is None and time.monotonic() < deadline:
+                started = started or ready()
+                if not started:
+                    time.sleep(0.05)
+                    continue
+                if reads % 4 == 0:
+                    assert evaluate(reader)["kind"] == "run"
+                else:
+                    assert open_source(reader).step >= 1
+                read()
+                reads += 1
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        out.seek(0)
+        return proc.returncode, out.read(), reads
+
+
+def check_beside_a_live_run(rc: int, log: str, reads: int, kept: list[int], steps: int) -> None:
+    """What a run read while it trained shows: the trainer exited 0 without a traceback, the
+    reads overlapped it, and it kept its last step (the caller restores each kept step and
+    compares the curve with an undisturbed run's)."""
+    assert rc == 0 and "Traceback" not in log, log[-3000:]
+    assert reads >= 3, f"only {reads} reads overlapped the run"
+    assert kept and kept[-1] == steps, kept
+
+
+def snapshot(root: str) -> dict:
+    """Every file and link under `root`: its bytes' hash (a link: its target), by path."""
+    out = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            if os.path.islink(path):
+                out[path] = "-> " + os.readlink(path)
+            elif os.path.isfile(path):
+                with open(path, "rb") as f:
+                    out[path] = hashlib.sha256(f.read()).hexdigest()
+            else:
+                out[path] = "dir"
+    return out

@@ -298,6 +298,35 @@ def test_evaluate_sample_and_source_read_the_bucket(emulated, straight, tmp_path
     assert sample.main([ckpt, *argv]) == from_bucket
 
 
+@pytest.mark.slow
+def test_evaluate_again_and_again_beside_a_live_bucket_run(emulated, text_dir):
+    """On a bucket, Orbax writes a step in place and commits it with commit_success.txt (no
+    temporary directory): train.evaluate run again and again beside a trainer that saves every
+    step and removes all but the last two never removes its uncommitted step. The trainer exits
+    0, every kept step restores, the curve equals an undisturbed run's."""
+    from tests.helpers import check_beside_a_live_run, read_while_training
+    from train.source import open_source
+
+    steps = 30
+
+    def args(name):
+        return [*tiny_gpt_overrides(text_dir, f"gs://{BUCKET}/runs", name, steps=steps),
+                "checkpoint.interval=1", "checkpoint.keep_last=2", f"run.lease_ttl_s={TTL_S}"]  # fmt: skip
+
+    rc, log = run_and_signal(args("live-straight"), when=None, env=emulated.env())
+    assert rc == 0, log[-3000:]
+    rc, log, reads = read_while_training(
+        args("live"), lambda: None, ready=lambda: any(n.endswith("/commit_success.txt") for n in emulated.names("runs/live/checkpoints/")),
+        reader=f"gs://{BUCKET}/runs/live", env=emulated.env(),
+    )  # fmt: skip
+    names = emulated.names("runs/live/checkpoints/")
+    kept = sorted({int(n.split("/")[3]) for n in names if n.split("/")[3].isdigit()})
+    check_beside_a_live_run(rc, log, reads, kept, steps)
+    for step in kept:
+        assert open_source(f"gs://{BUCKET}/runs/live", step=step).step == step
+    assert _losses(emulated, "live") == _losses(emulated, "live-straight")
+
+
 def _start_two(srv, text_dir, name, tmp_path):
     """`python -m train.main` as two local JAX processes (launch.local's environments, gloo)."""
     from launch import local

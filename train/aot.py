@@ -29,7 +29,6 @@ fake CPU devices): `count_collectives`, `count_loops`, `count_conditionals`, `me
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib.util
 import json
@@ -42,6 +41,7 @@ from collections.abc import Sequence
 import jax
 from jax.experimental import topologies
 
+from data.cli import OneLineParser
 from train import mesh as mesh_lib
 from train.compose import load_config
 from train.config import ConfigError
@@ -536,7 +536,7 @@ def _explain_failure(message: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="python -m train.aot",
         description="Compile the train step for a TPU slice without a TPU; print memory, "
         "collectives, FLOPs and the compiler's predicted step time. Arguments without -- are "

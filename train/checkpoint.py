@@ -40,6 +40,15 @@ log = logging.getLogger(__name__)
 _METADATA_LIMIT = 64 << 20
 
 
+def _vanished(e: BaseException) -> bool:
+    """Whether `e` (or its cause) says a file or directory is not there (any more)."""
+    while e is not None:
+        if isinstance(e, FileNotFoundError) or "NOT_FOUND" in str(e):
+            return True
+        e = e.__cause__
+    return False
+
+
 def _is_metadata(name: str) -> bool:
     return name in ("metadata", "_CHECKPOINT_METADATA", "_METADATA") or name.endswith(".json")
 
@@ -77,7 +86,7 @@ class Checkpointer:
         if not read_only:
             self._refuse_linked_steps()
         try:
-            self.manager = self._make_manager()
+            self.manager = self._while_steps_vanish(self._make_manager)
         except Exception as e:  # Orbax reads every step's metadata here: a damaged one can raise
             self._quiet.remove()
             raise ConfigError(
@@ -85,16 +94,34 @@ class Checkpointer:
                 "damaged step directories out of it, or start a new run (another run.name)"
             ) from e
 
+    def _while_steps_vanish(self, open_steps):
+        """`open_steps()` (which lists the steps and reads their metadata); a reader tries again
+        when a step it listed was removed meanwhile by the run's live trainer (keep_last)."""
+        for attempt in range(_RELISTS):
+            try:
+                return open_steps()
+            except Exception as e:
+                if not (self.read_only and _vanished(e)) or attempt + 1 == _RELISTS:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+        raise AssertionError("unreachable")
+
     def _make_manager(self):
         if self.read_only:
-            return ocp.CheckpointManager(
-                self.directory,
-                item_names=("state", "data", "meta"),
-                item_handlers=self._handlers(),
-                options=ocp.CheckpointManagerOptions(
-                    read_only=True, create=False, cleanup_tmp_directories=False
-                ),
-            )
+            # what was asked (read_only), and a live trainer's step whose metadata it has not
+            # written yet: no news to a reader
+            with _absl_dropped("Given directory is read only", "Metadata file does not exist"):
+                return ocp.CheckpointManager(
+                    self.directory,
+                    item_names=("state", "data", "meta"),
+                    item_handlers=self._handlers(),
+                    options=ocp.CheckpointManagerOptions(
+                        read_only=True,
+                        create=False,
+                        cleanup_tmp_directories=False,
+                        save_interval_steps=0,
+                    ),
+                )
         ckpt_cfg = self.ckpt_cfg
         best = ckpt_cfg.best_metric
         policies = [cm.preservation_policy.LatestN(n=int(ckpt_cfg.keep_last))]
@@ -176,7 +203,7 @@ class Checkpointer:
         asked = steps
         for attempt in range(_RELISTS):
             if attempt:
-                self.manager.reload()  # the steps on disk now
+                self._while_steps_vanish(self._reload)  # the steps on disk now
             todo = sorted(self.manager.all_steps() if asked is None else asked, reverse=True)
             found, damaged, removed = self._restore_first(
                 todo, abstract_state, data_iter, check_meta
@@ -210,6 +237,10 @@ class Checkpointer:
                 "run (another run.name)"
             )
         return None
+
+    def _reload(self) -> None:
+        with _absl_dropped("Metadata file does not exist"):
+            self.manager.reload()
 
     def _restore_first(self, steps, abstract_state, data_iter, check_meta):
         """-> ((step, state, meta) of the first of `steps` that restores, or None; the damaged
@@ -388,6 +419,21 @@ class Checkpointer:
             else:
                 self._closed_loop.remove()
                 self._quiet.remove()
+
+
+@contextmanager
+def _absl_dropped(*prefixes: str):
+    """Inside it, Orbax's (absl's) log records that start with one of `prefixes` are dropped."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(prefixes)
+
+    absl = logging.getLogger("absl")
+    absl.addFilter(keep)
+    try:
+        yield
+    finally:
+        absl.removeFilter(keep)
 
 
 @contextmanager

@@ -20,6 +20,7 @@ import argparse
 import inspect
 import sys
 
+from data.cli import OneLineParser
 from train import families
 from train.errors import ConfigError
 
@@ -38,7 +39,7 @@ class FamilyCommand:
 
     # --- parsers ----------------------------------------------------------------------------------
     def _common(self, **kwargs) -> argparse.ArgumentParser:
-        p = argparse.ArgumentParser(prog=self.prog, **kwargs)
+        p = OneLineParser(prog=self.prog, **kwargs)
         self.add_common(p)
         return p
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import argparse
 
+from data.cli import OneLineParser
 from train import gcs
 from train.distributed import quiet_tpu_probe
-from train.errors import ConfigError, exit_with, output_file
+from train.errors import ConfigError, exit_with, one_line, output_file
 from train.source import SourceError, open_source, source_family
 from train.task import Task, no_torch_checkpoint
 
@@ -36,7 +37,11 @@ def export(source: str, out: str, step: int | None = None) -> str:
     src = open_source(source, step=step)
     # a run's checkpoint meta has step and best; a nanoGPT ckpt.pt has iter_num and best_val_loss
     meta = {"step": src.step or 0, "best": src.meta.get("best_val_loss"), **src.meta}
-    torch.save(src.task.torch_checkpoint(src.state, meta), out)
+    checkpoint = src.task.torch_checkpoint(src.state, meta)
+    try:
+        torch.save(checkpoint, out)
+    except (OSError, RuntimeError) as e:  # torch's writer: "open file failed", a full disk
+        raise ConfigError(f"--out {out}: cannot be written ({one_line(e, 200)})") from e
     return out
 
 
@@ -53,7 +58,7 @@ def _refuse_a_family_without_export(source: str) -> None:
 
 def main(argv=None):
     gcs.configure()  # STORAGE_EMULATOR_HOST set: every gs:// client goes to that server
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="python -m train.export",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -181,15 +181,25 @@ class LocalClaim:
             return
         with contextlib.suppress(OSError):  # a full disk cannot empty it: the next writer warns
             os.ftruncate(self.fd, 0)
-        if self.created and os.listdir(str(self.run_dir)) == [LOCK_FILE]:
-            # a run that stopped before writing anything (a failed check): no directory of its
-            # own is left behind. Removed while still locked; `acquire` re-checks the file.
+        if self.created and _holds_no_file(str(self.run_dir), LOCK_FILE):
+            # a run that stopped before writing anything (a failed check; its checkpoints/
+            # folder may exist, empty): no directory of its own is left behind. Removed while
+            # still locked; `acquire` re-checks the file.
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
-                os.rmdir(str(self.run_dir))
+                for folder, _, _ in sorted(os.walk(str(self.run_dir)), reverse=True):
+                    os.rmdir(folder)
         fcntl.flock(self.fd, fcntl.LOCK_UN)
         os.close(self.fd)
         self.fd = None
+
+
+def _holds_no_file(root: str, but: str) -> bool:
+    """Whether `root` holds nothing but the file `but` and empty folders."""
+    for folder, _, files in os.walk(root):
+        if any(f != but or folder != root for f in files):
+            return False
+    return True
 
 
 class LostClaim(ConfigError):
