@@ -329,3 +329,22 @@ def test_a_factory_module_whose_import_is_missing_names_what_to_install(tmp_path
     from parity.diff import _EXTRAS
 
     assert _EXTRAS["pytest"] == "pip install -e '.[dev]'"  # the extra the tests' factories need
+
+
+def test_a_hint_names_this_repositorys_extras_only_for_its_own_factories(tmp_path):
+    """A user's factory module whose `import transformers` fails gets the pip line alone; the
+    repository's extras (`pip install -e '.[zoo]'`) mean something only for its own tests."""
+    from parity.diff import _in_this_repository
+
+    (tmp_path / "my_factories.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'transformers'\", name='transformers')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "parity", "diff", "my_factories:torch_side", "my_factories:nnx_side"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].endswith("which this environment lacks: pip install transformers"), lines
+    assert _in_this_repository("tests.test_parity_mlp")
+    assert not _in_this_repository("json") and not _in_this_repository("no_such_module_xyz")

@@ -15,7 +15,7 @@ import numpy as np
 from flax import nnx
 
 from parity import layers
-from parity.keymap import LINEAR_HEADS, SAME_HEADS, To, register_rule
+from parity.keymap import HEADS, LINEAR_HEADS, SAME_HEADS, To, register_rule
 
 # T5's norm is an RMSNorm (no mean, no bias): its weight is flax's scale. SAM's LayerNorm2d
 # normalises the channels of NCHW maps: nnx.LayerNorm over axis 1 holds the same scale and bias.
@@ -25,6 +25,7 @@ register_rule("LayerNorm2d", {"weight": To("scale")})
 # q_proj (heads * head_dim, hidden) is a (hidden, heads, head_dim) kernel, o_proj's input axis the
 # same split (LINEAR_HEADS: transposed, then the heads * head_dim axis split head-major, as torch's
 # `.view(..., heads, head_dim)`); a bias (heads * head_dim,) is (heads, head_dim) (SAME_HEADS).
+# The projections' outputs (o_proj's input) are then (..., heads, head_dim): the HEADS layout.
 register_rule("LlamaRMSNorm", {"weight": To("scale")})
 register_rule(
     "LlamaAttention",
@@ -32,6 +33,7 @@ register_rule(
         **{f"{p}_proj.weight": To(f"{p}_proj.kernel", LINEAR_HEADS) for p in "qkvo"},
         **{f"{p}_proj.bias": To(f"{p}_proj.bias", SAME_HEADS) for p in "qkv"},
     },
+    layout={f"{p}_proj": HEADS for p in "qkvo"},
 )
 
 
