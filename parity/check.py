@@ -349,7 +349,7 @@ def _row_line(r: Row) -> str:
         flag += "  (its inputs already differ)"
     return (
         f"{name:<40} {r.tensor:<8} {shape:<16} {c.max_abs:>9.2e} {c.scale_rel:>9.2e}"
-        f" {c.tolerance.rtol:>8.0e} {bound:<24}  {flag}"
+        f" {c.tolerance.rtol:>8.1e} {bound:<24}  {flag}"
     )
 
 
