@@ -7,6 +7,7 @@ tests/test_parity_zoo.py (slow).
 
 from __future__ import annotations
 
+import collections
 import subprocess
 import sys
 
@@ -22,7 +23,7 @@ from parity import diff as diff_cli  # noqa: E402
 from parity.check import format_report  # noqa: E402
 from parity.diff import RunError, diff  # noqa: E402
 from parity.keymap import load_torch, param_dtype  # noqa: E402
-from parity.promote import promoted_casts  # noqa: E402
+from parity.promote import Casts, promoted_casts  # noqa: E402
 
 DIM = 6
 
@@ -169,6 +170,8 @@ def test_casts_are_counted_by_module():
     # the norm's .to(float32); the root's arange and softmax; the factory's zeros
     assert dict(casts.by_module) == {"factory": 1, "norm": 1, "": 2}
     assert casts.where() == "factory 1, norm 1, (root) 2"
+    many = Casts(collections.Counter({f"layers.{i}.norm": 1 for i in range(12)}))
+    assert many.where().endswith("layers.11.norm 1")  # every module: the note is never cut
 
 
 # ------------------------------------------------------------------------------------ the diff
