@@ -14,7 +14,8 @@ no norm, ...): a kind is never skipped in silence. A mutant that survives in eve
 finding: the row says so (`finding`), with the dtype that would catch it, if any.
 
 Exit status: 0 when the unmutated port passes in every dtype used and every mutant is killed and
-named as expected (or survives as its finding says); 1 otherwise; 2 for a bad SPEC (one line).
+named as expected (or survives as its finding says); 1 otherwise; 2 for a bad SPEC (one line); 3
+when the unmutated port's run itself fails (one line, as `python -m parity diff`'s).
 
 Mechanisms, none of which edits the port's source:
 
@@ -47,7 +48,8 @@ KINDS = {
     "other_gelu": "GELU of the other form (tanh for exact, exact for tanh)",
     "rope_theta": "the rotary embedding's theta times 10",
     "causal_off_by_one": "the causal mask one position off (the diagonal of jnp.tril / jnp.triu + 1)",
-    "drop_residual": "a residual dropped: the module's input subtracted from its output",
+    "drop_residual": "a residual dropped: its skip term (an input, or a submodule's output)"
+    " subtracted from the module's output",
     "skip_cast": "a cast to at least float32 skipped (a cast helper of the port made the identity)",
 }
 EPS_NAMES = ("epsilon", "eps", "variance_epsilon", "norm_eps", "layer_norm_eps")
@@ -56,8 +58,9 @@ THETA_NAMES = ("rope_theta", "theta", "base")
 
 @dataclasses.dataclass(frozen=True)
 class Mutant:
-    """One row: `kind` (KINDS) applied at the port module `path` (torch's dotted path, "" the
-    port itself), run in `dtype`. `names`: the module the report must name (default `path`).
+    """One row: `kind` (KINDS) applied at the port module `path` (its dotted attribute path, ""
+    the port itself: torch's path where the port mirrors torch's names), run in `dtype`.
+    `names`: the torch module the report must name (default `path`).
     `option`, by kind: the output index (transpose_output, drop_position: `(index, axis)`;
     permute_axes: `(index, permutation)`), `(heads, first, stop)` features of the heads
     (permute_heads), the attribute (eps_x10, rope_theta), `"module:function"` (skip_cast), the
@@ -123,6 +126,20 @@ class Spec:
 # --------------------------------------------------------------------------------- mechanisms
 
 
+def _usage_error():
+    from parity.diff import UsageError
+
+    return UsageError
+
+
+def _mutation_error(mutant: Mutant, error: Exception) -> Exception:
+    """A mutant that cannot be made (no such module or attribute, an output of another shape):
+    the table's error, one line, never a kill."""
+    return _usage_error()(
+        f"mutant {mutant.kind} at {mutant.where!r} cannot be made: {type(error).__name__}: {error}"
+    )
+
+
 def module_at(port, path: str):
     """The port's submodule at a torch-style dotted path (list indices as numbers)."""
     obj = port
@@ -145,17 +162,22 @@ def _with_call(module, wrap: Callable) -> None:
 
 def _outputs_changed(module, index: int, change: Callable) -> None:
     """out[index] (the output itself when it is one array) replaced by change(out, self, args,
-    kwargs)."""
+    kwargs); a change that cannot be made raises MutationError's UsageError, not a kill."""
+
+    def changed(out, self, args, kwargs):
+        try:
+            if isinstance(out, (tuple, list)):
+                items = list(out)
+                items[index] = change(items[index], self, args, kwargs)
+                return type(out)(items) if isinstance(out, tuple) else items
+            if index != 0:
+                raise ValueError(f"output {index}: the module returns one array")
+            return change(out, self, args, kwargs)
+        except Exception as e:
+            raise _usage_error()(f"the output cannot be changed: {type(e).__name__}: {e}") from e
 
     def wrap(call, self, *args, **kwargs):
-        out = call(*args, **kwargs)
-        if isinstance(out, (tuple, list)):
-            items = list(out)
-            items[index] = change(items[index], self, args, kwargs)
-            return type(out)(items) if isinstance(out, tuple) else items
-        if index != 0:
-            raise ValueError(f"output {index}: the module returns one array")
-        return change(out, self, args, kwargs)
+        return changed(call(*args, **kwargs), self, args, kwargs)
 
     _with_call(module, wrap)
 
@@ -332,10 +354,14 @@ assert set(_APPLY) == set(KINDS)
 
 
 def apply(mutant: Mutant, port):
-    """The port with `mutant` applied (in place); returns it."""
+    """The port with `mutant` applied (in place); returns it. A mutant that cannot be made raises
+    parity.diff.UsageError (one line)."""
     if mutant.kind not in _APPLY:
-        raise ValueError(f"unknown mutation kind {mutant.kind!r}; known: {list(KINDS)}")
-    _APPLY[mutant.kind](module_at(port, mutant.path), port, mutant.option)
+        raise _usage_error()(f"unknown mutation kind {mutant.kind!r}; known: {list(KINDS)}")
+    try:
+        _APPLY[mutant.kind](module_at(port, mutant.path), port, mutant.option)
+    except Exception as e:
+        raise _mutation_error(mutant, e) from e
     return port
 
 
@@ -387,7 +413,7 @@ class Result:
 def run(spec: Spec, *, grads: bool = False, jit: bool = False) -> Result:
     """Every mutant of `spec` through the diff, after the unmutated port in each dtype used."""
     from parity.check import ROOT, where
-    from parity.diff import RunError, diff
+    from parity.diff import RunError, UsageError, diff
 
     spec.check()
     kw = dict(spec.diff, grads=grads, jit=jit)
@@ -401,6 +427,10 @@ def run(spec: Spec, *, grads: bool = False, jit: bool = False) -> Result:
             report = diff(
                 spec.torch_factory, mutated_factory(spec.nnx_factory, m), dtype=m.dtype, **kw
             )
+        except UsageError as e:  # the mutant cannot be made: the table's error, not a kill
+            if str(e).startswith("mutant "):
+                raise
+            raise UsageError(f"mutant {m.kind} at {m.where!r}: {e}") from e
         except RunError as e:  # the mutant broke the port's own code: killed, named by the error
             outcomes.append(Outcome(m, True, "" if e.where == ROOT else e.where, str(e)))
             continue
@@ -476,7 +506,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m parity mutate",
         description="Mutants of a port, each through the diff: killed, and named where it was made.",
         epilog="exit status: 0 every mutant killed and named as expected (or a written finding);"
-        " 1 otherwise; 2 a bad SPEC",
+        " 1 otherwise; 2 a bad SPEC; 3 the unmutated port's run failed",
     )
     p.add_argument("spec", metavar="SPEC", help="package.module:name of a parity.mutate.Spec")
     p.add_argument("--grads", action="store_true", help="compare every gradient too")

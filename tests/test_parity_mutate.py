@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 
 from parity import mutate  # noqa: E402
 from parity.check import format_report  # noqa: E402
-from parity.diff import diff  # noqa: E402
+from parity.diff import UsageError, diff  # noqa: E402
 from parity.keymap import LAYOUTS, load_torch  # noqa: E402
 from parity.mutate import KINDS, Mutant, Spec  # noqa: E402
 from tests import parity_mutants  # noqa: E402
@@ -131,6 +131,25 @@ def test_a_kind_is_never_skipped_in_silence():
     with pytest.raises(ValueError, match=r"both mutated and not applicable: \['drop_bias'\]"):
         both.check()
     assert set(spec.check().not_applicable) | {m.kind for m in spec.mutants} == set(KINDS)
+
+
+@pytest.mark.parametrize(
+    "mutant, expected",
+    [
+        (Mutant("drop_bias", "no_such_module"), "mutant drop_bias at 'no_such_module' cannot be made: AttributeError"),
+        (Mutant("permute_axes", "", option=(0, (0, 1, 2, 3))), "mutant permute_axes at '(root)': the output cannot be changed: ValueError"),
+    ],
+    ids=["no-module", "wrong-permutation"],
+)  # fmt: skip
+def test_a_mutant_that_cannot_be_made_is_an_error_not_a_kill(mutant, expected):
+    """A mutant whose module or output does not fit raises the table's one-line error; it is
+    never counted as killed (the port raising would otherwise look like a failed diff)."""
+    spec = parity_mutants.mha()
+    mutants = [mutant, *spec.mutants]  # first: the run stops there
+    bad = Spec(spec.name, spec.torch_factory, spec.nnx_factory, mutants, spec.not_applicable)
+    with pytest.raises(UsageError) as e:
+        mutate.run(bad)
+    assert str(e.value).startswith(expected) and "\n" not in str(e.value), str(e.value)
 
 
 def not_a_spec():
