@@ -12,13 +12,12 @@ already differ did not cause the difference: the divergence entered in the code 
 module before this call, so the name moves up to the nearest enclosing call whose inputs agree.
 Inputs are compared only where both sides pass the same tensors (same count and shapes).
 
-A port may keep flax's channels-last layout inside (nnx.Conv, nnx.GroupNorm on (N, *spatial, C)):
-a port tensor whose shape is torch's (N, C, *spatial) with C moved last is compared in torch's
-layout, and a note lists those calls. Where C equals every spatial size the two layouts have the
-same shape and the tensor is compared as it is: example inputs with distinct sizes avoid that.
-A port may also keep attention heads on their own axis: a port tensor (..., heads, head_dim)
-where torch's is (..., heads * head_dim) is compared with its last two axes merged (a reshape),
-and a note lists those calls.
+A port's tensor must have torch's shape, unless the rule of the module's class declares
+another layout for its activations (parity/keymap.py: `register_rule(..., layout=...)`;
+flax's convolutions and norms channels-last, attention heads on their own axis): then a tensor
+in that layout is compared in torch's (a permutation or a reshape), and a note names the calls
+and the rule. Any other shape fails the row, naming both shapes: a port that returns its
+output transposed, or its attention weights in another axis order, fails.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ import numpy as np
 
 from parity.capture import Call, Capture
 from parity.compare import EXACT, Comparison, Tolerance, compare
+from parity.keymap import ActivationLayout
 
 ROOT = "(root)"  # how the model itself ("" in torch's named_modules) is printed
 SECTIONS = ("weights", "outputs", "state", "grads", "steps")
@@ -115,21 +115,42 @@ def _dtype(x) -> str:
     return str(x.dtype).removeprefix("torch.")
 
 
+def _shape(x) -> tuple:
+    return tuple(int(n) for n in np.shape(x))
+
+
 def compare_leaves(
-    what: str, port: Sequence, reference: Sequence, tol: Tolerance, *, dtypes: bool = False
+    what: str,
+    port: Sequence,
+    reference: Sequence,
+    tol: Tolerance,
+    *,
+    dtypes: bool = False,
+    layout: ActivationLayout | None = None,
 ) -> tuple[bool, Comparison | None, str, str]:
     """Compare two lists of tensors (`what`[i] names each) -> (passed, the worst comparison, its
     tensor name, a note when the lists cannot be compared). `dtypes`: a floating tensor must
     also have torch's dtype (a float32 result in a float64 run fails even where its values are
-    float32-exact)."""
+    float32-exact). `layout`: the layout declared for the module (a tensor in it is compared in
+    torch's); without one, every shape must be torch's."""
     if len(port) != len(reference):
         return False, None, "", f"the port gives {len(port)} tensors, torch {len(reference)}"
     worst: tuple[float, Comparison | None, str] = (-1.0, None, "")
     for i, (a, e) in enumerate(zip(port, reference)):
         name = f"{what}[{i}]"
-        aligned = in_torch_layout(a, e)
+        aligned = in_torch_layout(a, e, layout)
         if aligned is None:
-            return False, None, name, f"{name}: port shape {np.shape(a)}, torch {np.shape(e)}"
+            how = (
+                f"not torch's in the declared {layout.name} layout"
+                if layout is not None
+                else "no layout declared for this module"
+            )
+            return (
+                False,
+                None,
+                name,
+                f"{name}: port shape {_shape(a)}, torch {_shape(e)} ({how})",
+            )
         a = aligned
         if dtypes and "float" in _dtype(e) and _dtype(a) != _dtype(e):
             return False, None, name, f"{name}: port dtype {_dtype(a)}, torch {_dtype(e)}"
@@ -141,67 +162,46 @@ def compare_leaves(
     return (c is None or c.passed), c, name, ""
 
 
-def channels_last(port, reference) -> bool:
-    """The port's tensor is torch's (N, C, *spatial) tensor in flax's channels-last layout
-    (N, *spatial, C): the shapes say so and differ (where C equals every spatial size they
-    coincide, and the tensor is compared as it is)."""
-    ps, rs = tuple(np.shape(port)), tuple(np.shape(reference))
-    return len(rs) >= 3 and ps != rs and ps == (rs[0], *rs[2:], rs[1])
-
-
-def heads_split(port, reference) -> bool:
-    """The port's tensor is torch's with its last axis split in two, (..., heads * head_dim) as
-    (..., heads, head_dim): a port that keeps attention heads on their own axis (an
-    nnx.LinearGeneral projection, loaded by the LINEAR_HEADS layout of parity/keymap.py)."""
-    ps, rs = tuple(np.shape(port)), tuple(np.shape(reference))
-    return (
-        len(ps) == len(rs) + 1 and len(rs) >= 1 and ps[:-2] == rs[:-1] and ps[-2] * ps[-1] == rs[-1]
-    )
-
-
-def in_torch_layout(port, reference):
-    """The port's tensor as torch lays it out: as it is when the shapes agree, moved from
-    channels-last to channels-first (a permutation: no value changes) when `channels_last`, its
-    last two axes merged when `heads_split` (a reshape of head-major heads, torch's
-    `.view(..., heads, head_dim)`), else None (the shapes disagree)."""
-    if tuple(np.shape(port)) == tuple(np.shape(reference)):
+def in_torch_layout(port, reference, layout: ActivationLayout | None = None):
+    """The port's tensor as torch lays it out: as it is when the shapes agree, through the
+    declared `layout` when it is torch's in that layout, else None (the shapes disagree)."""
+    if _shape(port) == _shape(reference):
         return port
-    if channels_last(port, reference):
-        return np.moveaxis(np.asarray(port), -1, 1)
-    if heads_split(port, reference):
-        return np.reshape(np.asarray(port), np.shape(reference))
+    if layout is not None:
+        return layout.to_torch(port, _shape(reference))
     return None
 
 
-def _same_structure(a: Sequence, b: Sequence) -> bool:
-    return len(a) == len(b) and all(in_torch_layout(x, y) is not None for x, y in zip(a, b))
-
-
-def _channels_last_outputs(port: Call, reference: Call) -> bool:
-    return len(port.outputs) == len(reference.outputs) and any(
-        channels_last(a, e) for a, e in zip(port.outputs, reference.outputs)
+def _moved(port: Sequence, reference: Sequence, layout: ActivationLayout | None) -> bool:
+    """Whether a declared layout converts any of the tensors."""
+    return (
+        layout is not None
+        and len(port) == len(reference)
+        and any(
+            _shape(a) != _shape(e) and layout.to_torch(a, _shape(e)) is not None
+            for a, e in zip(port, reference)
+        )
     )
 
 
-def _heads_outputs(port: Call, reference: Call) -> bool:
-    return len(port.outputs) == len(reference.outputs) and any(
-        heads_split(a, e) for a, e in zip(port.outputs, reference.outputs)
-    )
+def _same_structure(a: Sequence, b: Sequence, layout: ActivationLayout | None) -> bool:
+    return len(a) == len(b) and all(in_torch_layout(x, y, layout) is not None for x, y in zip(a, b))
 
 
-def _agrees_channels_last(port: Call, reference: Call, tol: Tolerance) -> bool:
-    """Outputs whose shapes are the same in both layouts (C equals every spatial size) that
-    agree when the port's are read as channels-last: the likely cause of a failing row."""
+def _agrees_reread(port: Call, reference: Call, tol: Tolerance, layout) -> bool:
+    """Outputs whose shapes are the same in both layouts (channels-last on a map whose channel
+    count equals every spatial size) that agree when the port's are read in the declared
+    layout: the likely cause of a failing row."""
+    if layout is None or layout.reread is None:
+        return False
     pairs = list(zip(port.outputs, reference.outputs))
     ambiguous = [
-        np.ndim(e) >= 3 and len(set(np.shape(e)[1:])) == 1 and np.shape(a) == np.shape(e)
+        np.ndim(e) >= 3 and len(set(_shape(e)[1:])) == 1 and _shape(a) == _shape(e)
         for a, e in pairs
     ]
     if len(port.outputs) != len(reference.outputs) or not any(ambiguous):
         return False
-    moved = [
-        np.moveaxis(np.asarray(a), -1, 1) if amb else a for (a, _), amb in zip(pairs, ambiguous)
-    ]
+    moved = [layout.reread(a) if amb else a for (a, _), amb in zip(pairs, ambiguous)]
     return compare_leaves("out", moved, reference.outputs, tol)[0]
 
 
@@ -221,20 +221,26 @@ def call_labels(calls: Sequence[Call]) -> dict[tuple, str]:
     return out
 
 
+Declared = tuple[ActivationLayout, str]  # a layout and the torch class whose rule declares it
+
+
 def compare_calls(
     port: Sequence[Call],
     reference: Sequence[Call],
     tolerance_for: Callable[[tuple], Tolerance],
     *,
     dtypes: bool = False,
+    layouts: Mapping[str, Declared] | None = None,
 ) -> tuple[list[Row], list[str]]:
-    """One row per reference call, in its order -> (rows, notes on port calls torch has not).
-    `dtypes`: floating outputs must have torch's dtype too (compare_leaves)."""
+    """One row per reference call, in its order -> (rows, notes on port calls torch has not, and
+    on the calls compared through a declared layout). `dtypes`: floating outputs must have
+    torch's dtype too (compare_leaves). `layouts`: module path -> the layout declared for it
+    (parity.keymap.declared_layouts); any other module's tensors must have torch's shapes."""
     by_key = {c.key: c for c in port}
     labels = call_labels(reference)
+    layouts = layouts or {}
     rows: list[Row] = []
-    moved: list[str] = []
-    split: list[str] = []
+    converted: dict[tuple[ActivationLayout, str], list[str]] = {}
     notes: list[str] = []
     for ref in reference:
         mine = by_key.pop(ref.key, None)
@@ -242,47 +248,43 @@ def compare_calls(
         if mine is None:
             rows.append(Row("outputs", label, ref.path, None, note="no port module at this path"))
             continue
-        if _channels_last_outputs(mine, ref):
-            moved.append(label)
-        if _heads_outputs(mine, ref):
-            split.append(label)
+        layout, owner = layouts.get(ref.path, (None, ""))
+        if _moved(mine.outputs, ref.outputs, layout) or _moved(mine.args, ref.args, layout):
+            converted.setdefault((layout, owner), []).append(label)
         tol = tolerance_for(ref.key)
         passed, c, tensor, note = compare_leaves(
-            "out", mine.outputs, ref.outputs, tol, dtypes=dtypes
+            "out", mine.outputs, ref.outputs, tol, dtypes=dtypes, layout=layout
         )
-        if not passed and _agrees_channels_last(mine, ref, tol):
+        if not passed and _agrees_reread(mine, ref, tol, layout):
             notes.append(
-                f"{label}: its output agrees read as channels-last, but C equals every spatial"
+                f"{label}: its output agrees read as {layout.name}, but C equals every spatial"
                 " size, so the shape cannot tell the layouts apart: give the example inputs"
                 " distinct channel and spatial sizes"
             )
         inputs = None
-        if _same_structure(mine.args, ref.args) and ref.args:
+        if _same_structure(mine.args, ref.args, layout) and ref.args:
             # an argument may hold the same infinities on both sides (an additive -inf mask)
             masks_ok = dataclasses.replace(tol, nonfinite=True)
-            inputs = compare_leaves("in", mine.args, ref.args, masks_ok, dtypes=dtypes)[0]
+            inputs = compare_leaves(
+                "in", mine.args, ref.args, masks_ok, dtypes=dtypes, layout=layout
+            )[0]
         rows.append(Row("outputs", label, ref.path, passed, c, tensor, inputs, note))
-    if moved:
+    by_layout: dict[ActivationLayout, dict[str, list[str]]] = {}
+    for (layout, owner), moved in converted.items():
+        by_layout.setdefault(layout, {})[owner] = moved
+    for layout, owners in reversed(by_layout.items()):
+        n = sum(map(len, owners.values()))
+        rules = "; ".join(f"{owner}: {', '.join(moved)}" for owner, moved in owners.items())
         notes.insert(
             0,
-            f"{len(moved)} port calls return channels-last tensors, compared in torch's"
-            " channels-first layout: " + ", ".join(moved[:8]) + (" ..." if len(moved) > 8 else ""),
-        )
-    if split:
-        notes.insert(
-            0,
-            f"{len(split)} port calls return heads on their own axis, compared with torch's"
-            " (heads * head_dim) axis: "
-            + ", ".join(split[:8])
-            + (" ..." if len(split) > 8 else ""),
+            f"{n} port call{'s' if n > 1 else ''} in the {layout.name} layout {layout.port},"
+            f" compared in torch's, declared by the rule of {rules}",
         )
     if by_key:
         extra = call_labels(port)
         names = [extra[k] for k in by_key]
         notes.append(
-            f"{len(names)} port calls have no torch counterpart (not compared): "
-            + ", ".join(names[:8])
-            + (" ..." if len(names) > 8 else "")
+            f"{len(names)} port calls have no torch counterpart (not compared): " + ", ".join(names)
         )
     return rows, notes
 
@@ -336,21 +338,25 @@ def _row_line(r: Row) -> str:
     name = r.label if len(r.label) <= 40 else "..." + r.label[-37:]
     if c is None:
         result = {None: "-", True: "pass", False: "FAIL"}[r.passed]
-        return f"{name:<40} {r.tensor:<8} {'':<16} {'':>9} {'':>9} {'':>8}  {result}  {r.note}"
+        return (
+            f"{name:<40} {r.tensor:<8} {'':<16} {'':>9} {'':>9} {'':>8} {'':<24}  {result}"
+            f"  {r.note}"
+        )
     shape = str(c.shape) if len(str(c.shape)) <= 16 else str(c.shape)[:13] + "..."
+    bound = c.tolerance.name if len(c.tolerance.name) <= 24 else c.tolerance.name[:21] + "..."
     flag = "pass" if r.passed else "FAIL"
     if r.passed is False and r.inputs_agree is False:
         flag += "  (its inputs already differ)"
     return (
         f"{name:<40} {r.tensor:<8} {shape:<16} {c.max_abs:>9.2e} {c.scale_rel:>9.2e}"
-        f" {c.tolerance.rtol:>8.0e}  {flag}"
+        f" {c.tolerance.rtol:>8.1e} {bound:<24}  {flag}"
     )
 
 
 def format_rows(rows: Sequence[Row]) -> list[str]:
     head = (
         f"{'module':<40} {'tensor':<8} {'shape':<16} {'max abs':>9} {'rel/scale':>9}"
-        f" {'tol':>8}  result"
+        f" {'tol':>8} {'bound':<24}  result"
     )
     return [head, "-" * len(head), *(_row_line(r) for r in rows)]
 

@@ -18,12 +18,16 @@ must then be off, the two sides cannot draw the same masks). `--dtype float64` c
 module and every floating input tensor to float64 before the port is built, with JAX's x64 on, and
 runs the reference's own casts to float32 (`.float()`, `.to(torch.float32)`, `dtype=torch.float32`
 arguments) in float64, the factory's too (parity/promote.py); a note says how many and where.
-`--keep-casts` runs them as written. The bound is FLOAT64 (float32: FLOAT32), or with `--envelope`
-16 times the one-ulp envelope of torch's own run (parity/envelope.py). Module paths are torch's
-(`blocks.1.norm`); `--rename NNX=TORCH` rewrites a port path prefix that differs (`--rename
-=transformer`: every port path gains the prefix `transformer.`, as nanoGPT's flattened ModuleDict
-needs). A port may keep flax's channels-last layout inside (nnx.Conv, nnx.GroupNorm on NHWC):
-those outputs are compared in torch's layout, and a note lists them (parity/check.py).
+`--keep-casts` runs them as written. `--dtype bfloat16` is a pure bf16 run, not autocast: the torch
+module cast with `module.to(torch.bfloat16)` beside the port in bf16, each tensor within BFLOAT16
+or 3 x torch's own bf16 error against its float64 run where that is wider (each row names its
+bound). The bound is FLOAT64 (float32: FLOAT32), or with `--envelope` 16 times the one-ulp
+envelope of torch's own run (parity/envelope.py). Module paths are torch's (`blocks.1.norm`);
+`--rename NNX=TORCH` rewrites a port path prefix that differs (`--rename =transformer`: every port
+path gains the prefix `transformer.`, as nanoGPT's flattened ModuleDict needs). Every port tensor
+must have torch's shape, unless the rule of its module's class declares another layout
+(parity/keymap.py: flax's convolutions and norms channels-last, heads on their own axis); those
+are compared in torch's layout, and a note names them and the rule.
 
 Exit status: 0 when every compared tensor agrees; 1 when one differs (the last line is then
 `first divergent module: <path>`); 2 for bad arguments (one line saying what was expected) or a
@@ -60,7 +64,7 @@ from parity.check import (
 )
 from parity.compare import BFLOAT16, BFLOAT16_AS_TORCH, FLOAT32, FLOAT64, Tolerance
 from parity.envelope import ENVELOPE_FACTOR, perturbed_copies, tolerance
-from parity.keymap import KeyMap, build_keymap, describe_torch
+from parity.keymap import KeyMap, build_keymap, declared_layouts, describe_torch, module_kinds
 from parity.promote import Casts, promoted_casts
 from parity.state_dict import StateDictError, to_numpy
 
@@ -104,8 +108,8 @@ def _side(side: str):
         raise RunError(side, module_name(module) if module is not None else "(root)", e) from e
 
 
-# import name -> the distribution that installs it, where they differ; and this repository's extra
-# that carries it (a factory in one of its test modules)
+# import name -> the distribution that installs it, where they differ; and, for a factory module of
+# this repository's own (its tests), the repository's extra that carries it
 _DISTRIBUTIONS = {
     "segment_anything": "segment-anything",
     "yaml": "pyyaml",
@@ -131,10 +135,11 @@ def load_factory(spec: str, role: str) -> Callable:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         if e.name and not (module_name + ".").startswith(e.name + "."):  # found; it imports e.name
+            extra = _EXTRAS.get(e.name) if _in_this_repository(module_name) else None
             raise UsageError(
                 f"{role} {spec!r}: {module_name!r} imports {e.name!r}, which this environment "
                 f"lacks: pip install {_DISTRIBUTIONS.get(e.name, e.name)}"
-                + (f" (this repository's tests: {_EXTRAS[e.name]})" if e.name in _EXTRAS else "")
+                + (f" (this repository's tests: {extra})" if extra else "")
             ) from e
         raise UsageError(
             f"{role} {spec!r}: cannot import {module_name!r} from {os.getcwd()} ({e})"
@@ -145,6 +150,24 @@ def load_factory(spec: str, role: str) -> Callable:
     if not callable(fn):
         raise UsageError(f"{role} {spec!r}: {attr!r} is a {type(fn).__name__}, not a callable")
     return fn
+
+
+def _in_this_repository(module_name: str) -> bool:
+    """Whether the factory module is a file of the repository the toolkit was cloned with (its
+    tests), whose extras a hint may name; never for a project of one's own, nor for the toolkit
+    installed alone (its parent directory is site-packages)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "pyproject.toml").is_file() or not (root / "toolkit").is_dir():
+        return False
+    try:
+        found = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        return False
+    origin = getattr(found, "origin", None)
+    return bool(origin) and Path(origin).resolve().is_relative_to(root)
 
 
 def _torch_inputs(factory: Callable, name: str, dtype: str):
@@ -302,6 +325,7 @@ def _diff(
     module.train(train)
     weights = {k: v.detach().clone() for k, v in module.state_dict().items()}
     described = describe_torch(module)
+    layouts = declared_layouts(module_kinds(module))
     try:
         port = nnx_factory(module)
     except (UsageError, StateDictError):  # load_torch's list of keys that do not map
@@ -340,7 +364,7 @@ def _diff(
         else:
             bounds = {}
     notes = [*_casts_note(built, casts), *_dropout_note(module, train)]
-    return _report(km, weights, loaded, described, ref, mine, tol, bounds, notes)
+    return _report(km, weights, loaded, described, ref, mine, tol, bounds, notes, layouts)
 
 
 def _casts_note(built: Casts | None, ran: Casts | None) -> list[str]:
@@ -371,25 +395,40 @@ def _float64_twin(module, args, kwargs):
 
 
 def _as_torch(errors: dict) -> dict:
-    """Per tensor: BFLOAT16, or BFLOAT16_AS_TORCH's factor x torch's own bf16 error where that is
-    wider (parity/compare.py)."""
+    """Per tensor: BFLOAT16, or BFLOAT16_AS_TORCH's factor x torch's own bf16 error (against
+    its float64 run) where that is wider (parity/compare.py); the name says which."""
     b = BFLOAT16_AS_TORCH
     return {
-        key: Tolerance(
-            f"{b.name} (torch's own: {err:.1e})", max(b.floor, b.factor * err), why=b.why
+        key: (
+            Tolerance(f"{b.factor:g} x torch's own {err:.1e}", b.factor * err, why=b.why)
+            if b.factor * err > b.floor
+            else BFLOAT16
         )
         for key, err in errors.items()
     }
 
 
+BF16_RUN = (
+    "bfloat16 is a pure bf16 run, not autocast: the torch module cast with"
+    " module.to(torch.bfloat16) (weights, buffers and floating inputs; its own casts to float32"
+    " run as written) beside the port in bfloat16"
+)
+BF16_BOUND = (
+    "per tensor BFLOAT16 (1e-2), or 3 x torch's own bf16 error against its float64 run where"
+    " that is wider (BFLOAT16_AS_TORCH); each row names its bound"
+)
+
+
 def _report(
-    km: KeyMap, weights, loaded, described, ref: Capture, mine: Capture, tol, bounds, notes
+    km: KeyMap, weights, loaded, described, ref: Capture, mine: Capture, tol, bounds, notes, layouts
 ) -> Report:
     def tolerance_for(key):
         return bounds.get(key, tol)
 
     rows = compare_named("weights", loaded, weights, exact, dtypes=True)
-    out_rows, call_notes = compare_calls(mine.calls, ref.calls, tolerance_for, dtypes=True)
+    out_rows, call_notes = compare_calls(
+        mine.calls, ref.calls, tolerance_for, dtypes=True, layouts=layouts
+    )
     rows += out_rows
     buffers = {tk.key for tk in described if not tk.parameter}
     port_state = km.to_torch(mine.state or {})
@@ -422,7 +461,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("torch_factory", metavar="TORCH_FACTORY", help="package.module:callable")
     p.add_argument("nnx_factory", metavar="NNX_FACTORY", help="package.module:callable")
-    p.add_argument("--dtype", choices=tuple(TOLERANCES), default="float32")
+    p.add_argument(
+        "--dtype",
+        choices=tuple(TOLERANCES),
+        default="float32",
+        help="float32 (bound FLOAT32 1e-5); float64 (FLOAT64 1e-12, torch's own casts to"
+        f" float32 run in float64); {BF16_RUN}, bound {BF16_BOUND}",
+    )
     p.add_argument("--grads", action="store_true", help="also compare every parameter's gradient")
     p.add_argument("--train", action="store_true", help="run both models in train mode")
     p.add_argument("--envelope", action="store_true", help="bound: 16x the one-ulp envelope")
@@ -474,7 +519,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"python -m parity diff: NNX_FACTORY {args.nnx_factory}: {e}", file=sys.stderr)
         return 2
     tol = TOLERANCES[args.dtype]
-    bound = "16 x the one-ulp envelope" if args.envelope else f"{tol.name.upper()} ({tol.rtol:g})"
+    bound = f"{tol.name.upper()} ({tol.rtol:g})"
+    if args.envelope:
+        bound = "per tensor 16 x the one-ulp envelope of torch's own run (at least 1e-12)"
+    if args.dtype == "bfloat16":
+        bound = f"{BF16_BOUND}\n{BF16_RUN}"
     print(
         f"parity diff {args.torch_factory} -> {args.nnx_factory}: dtype {args.dtype},"
         f" {'train' if args.train else 'eval'} mode, bound {bound}"

@@ -24,6 +24,12 @@ path (attribute names mirror torch's; `rename` covers a flattened container) and
 Everything else is reported: torch keys with no NNX variable (`unexpected`), NNX variables no key
 fills (`missing`), and pairs whose shapes disagree after the layout rule (`wrong_shapes`).
 
+A rule may also declare the layout of a module's activations in the port where it differs from
+torch's (`register_rule(..., layout=CHANNELS_LAST)`: flax's convolutions and norms on
+(N, *spatial, C) where torch's are (N, C, *spatial)). The diff compares an input or output whose
+shape differs from torch's only through the layout declared for its module class; any other
+shape fails (parity/check.py). The conv family's built-in rules declare CHANNELS_LAST.
+
 The torch side is described once (`describe_torch`: key, module classes, shape, parameter or
 buffer, tie) as plain data, so a map can be built, and goldens loaded, without torch.
 """
@@ -157,6 +163,83 @@ def _splits(shape: tuple, into: tuple) -> bool:
     return i == len(shape) and prod == 1
 
 
+# -------------------------------------------------------------------------- activation layouts
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivationLayout:
+    """How a port lays out a module's inputs and outputs where torch's shape differs: `to_torch`
+    gives the port's array in torch's layout (a permutation or a reshape: no value changes), or
+    None when the array's shape is not torch's in this layout. `reread`, where given, reads an
+    array whose shape equals torch's in this layout anyway (channels-last on a map whose channel
+    count equals every spatial size: the shapes cannot tell the layouts apart)."""
+
+    name: str
+    port: str  # the port's layout, in words
+    to_torch: Callable[[np.ndarray, tuple], np.ndarray | None]
+    reread: Callable[[np.ndarray], np.ndarray] | None = None
+
+
+def _from_channels_last(x, torch_shape: tuple):
+    t = tuple(torch_shape)
+    if len(t) >= 3 and tuple(np.shape(x)) == (t[0], *t[2:], t[1]):
+        return np.moveaxis(np.asarray(x), -1, 1)
+    return None
+
+
+def _channels_last_reread(x):
+    return np.moveaxis(np.asarray(x), -1, 1)
+
+
+def _merge_heads(x, torch_shape: tuple):
+    s, t = tuple(np.shape(x)), tuple(torch_shape)
+    if len(s) == len(t) + 1 and len(t) >= 1 and s[:-2] == t[:-1] and s[-2] * s[-1] == t[-1]:
+        return np.reshape(np.asarray(x), t)
+    return None
+
+
+# flax's convolutions, GroupNorm and BatchNorm on (N, *spatial, C); torch's on (N, C, *spatial)
+CHANNELS_LAST = ActivationLayout(
+    "channels-last",
+    "(N, *spatial, C) for torch's (N, C, *spatial)",
+    _from_channels_last,
+    _channels_last_reread,
+)
+# heads on their own axis: an nnx.LinearGeneral projection (LINEAR_HEADS weights) gives
+# (..., heads, head_dim) where torch's Linear gives (..., heads * head_dim), head-major
+HEADS = ActivationLayout(
+    "heads", "(..., heads, head_dim) for torch's (..., heads * head_dim)", _merge_heads
+)
+
+# torch class name -> {module path relative to a module of that class ("" itself): its layout}
+LAYOUTS: dict[str, dict[str, ActivationLayout]] = {}
+
+
+def module_kinds(torch_module) -> dict[str, tuple[str, ...]]:
+    """Every module path of a torch module ("" the module itself) -> its class names, the class
+    first, then its bases up to torch.nn.Module (what rules and layouts are matched by)."""
+    return {p: _kinds(m) for p, m in torch_module.named_modules(remove_duplicate=False)}
+
+
+def declared_layouts(
+    kinds: Mapping[str, Sequence[str]],
+) -> dict[str, tuple[ActivationLayout, str]]:
+    """module path -> (its declared activation layout, the torch class whose rule declares it),
+    for the modules that have one. As with the weights, the declaration of an enclosing module
+    is tried before its submodules' own."""
+    out = {}
+    for path in kinds:
+        parts = path.split(".") if path else []
+        scopes = ["", *(".".join(parts[:i]) for i in range(1, len(parts) + 1))] if parts else [""]
+        for scope in scopes:
+            owner = next((k for k in kinds.get(scope, ()) if k in LAYOUTS), None)
+            rel = path[len(scope) + 1 :] if scope else path
+            if owner is not None and rel in LAYOUTS[owner]:
+                out[path] = (LAYOUTS[owner][rel], owner)
+                break
+    return out
+
+
 # --------------------------------------------------------------------------------------- rules
 
 
@@ -182,12 +265,25 @@ Rule = Mapping[str, "To | Sequence[To]"] | Callable[[str, Callable[[str], bool]]
 RULES: dict[str, Rule] = {}
 
 
-def register_rule(torch_class: str | type, rule: Rule) -> None:
+def register_rule(
+    torch_class: str | type,
+    rule: Rule | None = None,
+    *,
+    layout: ActivationLayout | Mapping[str, ActivationLayout] | None = None,
+) -> None:
     """Map the state_dict keys of a torch module class (matched by class name along the MRO of
     each key's module, the first registered name wins) by `rule`. The rule of an enclosing
-    module is tried before its submodules' rules. Registering a name again replaces its rule."""
+    module is tried before its submodules' rules. Registering a name again replaces its rule.
+
+    `layout` declares how the port lays out the activations of a module of this class (an
+    ActivationLayout), or of its submodules (`{"q_proj": HEADS, "": CHANNELS_LAST}`, paths
+    relative to it); the diff compares no other shape than torch's. Registering a layout again
+    replaces it; `rule=None` registers a layout alone."""
     name = torch_class if isinstance(torch_class, str) else torch_class.__name__
-    RULES[name] = rule
+    if rule is not None:
+        RULES[name] = rule
+    if layout is not None:
+        LAYOUTS[name] = dict(layout) if isinstance(layout, Mapping) else {"": layout}
 
 
 def _rule_targets(rule: Rule, name: str, has: Callable[[str], bool]) -> tuple[To, ...] | None:
@@ -202,10 +298,12 @@ def _find_rule(kinds: Sequence[str]) -> Rule | None:
 
 
 register_rule("Linear", {"weight": To("kernel", LINEAR)})
-register_rule("_ConvNd", {"weight": To("kernel", CONV)})  # Conv1d/2d/3d, ConvTranspose1d/2d/3d
+# Conv1d/2d/3d, ConvTranspose1d/2d/3d: nnx.Conv and nnx.ConvTranspose work channels-last
+register_rule("_ConvNd", {"weight": To("kernel", CONV)}, layout=CHANNELS_LAST)
 register_rule("Embedding", {"weight": To("embedding")})
-for _norm in ("LayerNorm", "RMSNorm", "GroupNorm"):
+for _norm in ("LayerNorm", "RMSNorm"):
     register_rule(_norm, {"weight": To("scale")})
+register_rule("GroupNorm", {"weight": To("scale")}, layout=CHANNELS_LAST)
 register_rule(
     "_BatchNorm",
     {
@@ -214,6 +312,7 @@ register_rule(
         "running_var": To("var"),
         "num_batches_tracked": (),
     },
+    layout=CHANNELS_LAST,
 )
 
 

@@ -55,10 +55,9 @@ class Casts:
     def total(self) -> int:
         return sum(self.by_module.values())
 
-    def where(self, limit: int = 8) -> str:
-        """`input_layernorm 1, self_attn 2, ...`: per module, in first-cast order."""
-        items = [f"{m or '(root)'} {n}" for m, n in self.by_module.items()]
-        return ", ".join(items[:limit]) + (" ..." if len(items) > limit else "")
+    def where(self) -> str:
+        """`input_layernorm 1, self_attn 2`: every module, in first-cast order."""
+        return ", ".join(f"{m or '(root)'} {n}" for m, n in self.by_module.items())
 
 
 def _float32_to(to, args: tuple, kwargs: dict):

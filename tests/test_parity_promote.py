@@ -7,6 +7,7 @@ tests/test_parity_zoo.py (slow).
 
 from __future__ import annotations
 
+import collections
 import subprocess
 import sys
 
@@ -22,7 +23,7 @@ from parity import diff as diff_cli  # noqa: E402
 from parity.check import format_report  # noqa: E402
 from parity.diff import RunError, diff  # noqa: E402
 from parity.keymap import load_torch, param_dtype  # noqa: E402
-from parity.promote import promoted_casts  # noqa: E402
+from parity.promote import Casts, promoted_casts  # noqa: E402
 
 DIM = 6
 
@@ -169,6 +170,8 @@ def test_casts_are_counted_by_module():
     # the norm's .to(float32); the root's arange and softmax; the factory's zeros
     assert dict(casts.by_module) == {"factory": 1, "norm": 1, "": 2}
     assert casts.where() == "factory 1, norm 1, (root) 2"
+    many = Casts(collections.Counter({f"layers.{i}.norm": 1 for i in range(12)}))
+    assert many.where().endswith("layers.11.norm 1")  # every module: the note is never cut
 
 
 # ------------------------------------------------------------------------------------ the diff
@@ -329,3 +332,22 @@ def test_a_factory_module_whose_import_is_missing_names_what_to_install(tmp_path
     from parity.diff import _EXTRAS
 
     assert _EXTRAS["pytest"] == "pip install -e '.[dev]'"  # the extra the tests' factories need
+
+
+def test_a_hint_names_this_repositorys_extras_only_for_its_own_factories(tmp_path):
+    """A user's factory module whose `import transformers` fails gets the pip line alone; the
+    repository's extras (`pip install -e '.[zoo]'`) mean something only for its own tests."""
+    from parity.diff import _in_this_repository
+
+    (tmp_path / "my_factories.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'transformers'\", name='transformers')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "parity", "diff", "my_factories:torch_side", "my_factories:nnx_side"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].endswith("which this environment lacks: pip install transformers"), lines
+    assert _in_this_repository("tests.test_parity_mlp")
+    assert not _in_this_repository("json") and not _in_this_repository("no_such_module_xyz")

@@ -60,7 +60,7 @@ def _assert_diff_passes(out: subprocess.CompletedProcess) -> None:
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "every compared tensor agrees" in out.stdout
     assert "up.weight" in out.stdout  # the ConvTranspose2d weight, mapped by rule
-    assert "compared in torch's channels-first layout: norm, up, conv, skip" in out.stdout
+    assert "declared by the rule of GroupNorm: norm; _ConvNd: up, conv, skip" in out.stdout
 
 
 def _where(python, cwd, env) -> dict[str, str]:

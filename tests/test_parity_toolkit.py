@@ -468,14 +468,19 @@ def test_format_report_on_a_passing_run_names_no_module():
 @pytest.mark.slow  # the default tier: a wrong channels-last module is named
 def test_a_channels_last_port_is_compared_in_torch_layout(x64):
     """Stock nnx.GroupNorm / nnx.Conv inside a port on NHWC: every module's output is compared
-    after moving its channel axis back (float64, with gradients), and a note lists those calls."""
+    after moving its channel axis back (float64, with gradients), through the channels-last
+    layout the conv family's rules declare, and a note names those calls and the rules."""
     from tests import parity_upblock as up
 
     report = diff_cli.diff(up.torch_up, up.nnx_up, dtype="float64", grads=True)
     text = format_report(report)
     assert report.passed, text
     assert [r.module for r in report.section("outputs")] == ["norm", "up", "conv", "skip", ""]
-    assert "4 port calls return channels-last tensors" in text and ": norm, up, conv, skip" in text
+    assert (
+        "note: 4 port calls in the channels-last layout (N, *spatial, C) for torch's"
+        " (N, C, *spatial), compared in torch's, declared by the rule of GroupNorm: norm;"
+        " _ConvNd: up, conv, skip"
+    ) in text, text
 
 
 def test_a_wrong_channels_last_module_is_named(x64):
@@ -500,18 +505,24 @@ def test_channels_equal_to_spatial_sizes_are_named_as_the_likely_cause(x64):
     assert "note: norm: its output agrees read as channels-last" in text
 
 
-def test_heads_on_their_own_axis_are_compared_with_torchs_merged_axis():
-    """A port output (..., heads, head_dim) is torch's (..., heads * head_dim) read head-major;
-    the same numbers split head-minor fail, and sizes that do not multiply out are no match."""
+def test_heads_on_their_own_axis_are_compared_only_where_declared():
+    """A port output (..., heads, head_dim) is torch's (..., heads * head_dim) read head-major
+    where the HEADS layout is declared for its module; the same numbers split head-minor fail,
+    and sizes that do not multiply out are no match. Undeclared, the shapes must be torch's."""
     from parity.check import compare_leaves, in_torch_layout
+    from parity.keymap import HEADS
 
     torch_out = np.random.default_rng(0).normal(size=(2, 3, 8))
     head_major = torch_out.reshape(2, 3, 2, 4)  # feature n * 4 + h
     head_minor = torch_out.reshape(2, 3, 4, 2).swapaxes(-1, -2)  # feature h * 2 + n
-    np.testing.assert_array_equal(in_torch_layout(head_major, torch_out), torch_out)
-    assert compare_leaves("out", [head_major], [torch_out], FLOAT64)[0]
-    assert not compare_leaves("out", [head_minor], [torch_out], FLOAT64)[0]
-    assert in_torch_layout(np.zeros((2, 3, 3, 3)), torch_out) is None
+    np.testing.assert_array_equal(in_torch_layout(head_major, torch_out, HEADS), torch_out)
+    assert compare_leaves("out", [head_major], [torch_out], FLOAT64, layout=HEADS)[0]
+    assert not compare_leaves("out", [head_minor], [torch_out], FLOAT64, layout=HEADS)[0]
+    assert in_torch_layout(np.zeros((2, 3, 3, 3)), torch_out, HEADS) is None
+    passed, _, _, note = compare_leaves("out", [head_major], [torch_out], FLOAT64)
+    assert not passed and note == (
+        "out[0]: port shape (2, 3, 2, 4), torch (2, 3, 8) (no layout declared for this module)"
+    )
 
 
 # ------------------------------------------------------------------- this repository's ports

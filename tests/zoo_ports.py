@@ -1,8 +1,9 @@
 """Flax NNX ports of modules of real models no one here wrote, for tests/test_parity_zoo.py and
-tests/test_parity_llama.py: T5's block and Llama's decoder layer (transformers), SAM's
-image-encoder block and its mask decoder's upscaling path (segment-anything), EnCodec's two-layer
-LSTM (transformers). Written from reading the installed packages' sources; attribute names mirror
-theirs so the key map fills every variable by rule.
+tests/test_parity_llama.py: T5's block, Llama's decoder layer, a two-layer Qwen2 model with its
+rotary module and Whisper's encoder layer (transformers), SAM's image-encoder block and its mask
+decoder's upscaling path (segment-anything), EnCodec's two-layer LSTM (transformers). Written
+from reading the installed packages' sources; attribute names mirror theirs so the key map fills
+every variable by rule.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from parity import layers
-from parity.keymap import LINEAR_HEADS, SAME_HEADS, To, register_rule
+from parity.keymap import HEADS, LINEAR_HEADS, SAME_HEADS, To, register_rule
 
 # T5's norm is an RMSNorm (no mean, no bias): its weight is flax's scale. SAM's LayerNorm2d
 # normalises the channels of NCHW maps: nnx.LayerNorm over axis 1 holds the same scale and bias.
@@ -25,13 +26,16 @@ register_rule("LayerNorm2d", {"weight": To("scale")})
 # q_proj (heads * head_dim, hidden) is a (hidden, heads, head_dim) kernel, o_proj's input axis the
 # same split (LINEAR_HEADS: transposed, then the heads * head_dim axis split head-major, as torch's
 # `.view(..., heads, head_dim)`); a bias (heads * head_dim,) is (heads, head_dim) (SAME_HEADS).
+# The projections' outputs (o_proj's input) are then (..., heads, head_dim): the HEADS layout.
 register_rule("LlamaRMSNorm", {"weight": To("scale")})
+register_rule("Qwen2RMSNorm", {"weight": To("scale")})
 register_rule(
     "LlamaAttention",
     {
         **{f"{p}_proj.weight": To(f"{p}_proj.kernel", LINEAR_HEADS) for p in "qkvo"},
         **{f"{p}_proj.bias": To(f"{p}_proj.bias", SAME_HEADS) for p in "qkv"},
     },
+    layout={f"{p}_proj": HEADS for p in "qkvo"},
 )
 
 
@@ -58,7 +62,11 @@ class T5LayerNorm(nnx.RMSNorm):
         if not self.float32_variance:
             return super().__call__(x)
         variance = jnp.mean(jnp.square(at_least_float32(x)), axis=-1, keepdims=True)
-        return self.scale[...] * (x * jax.lax.rsqrt(variance + self.epsilon))
+        h = x * jax.lax.rsqrt(variance + self.epsilon)
+        scale = self.scale[...]
+        if scale.dtype in (jnp.float16, jnp.bfloat16):  # back to half precision, as T5's
+            h = h.astype(scale.dtype)
+        return scale * h
 
 
 def relative_position_bucket(
@@ -248,7 +256,7 @@ class LlamaAttention(nnx.Module):
 
 class LlamaMLP(nnx.Module):
     def __init__(self, cfg, *, param_dtype, rngs):
-        dt = dict(use_bias=cfg.mlp_bias, param_dtype=param_dtype, rngs=rngs)
+        dt = dict(use_bias=getattr(cfg, "mlp_bias", False), param_dtype=param_dtype, rngs=rngs)
         self.gate_proj = nnx.Linear(cfg.hidden_size, cfg.intermediate_size, **dt)
         self.up_proj = nnx.Linear(cfg.hidden_size, cfg.intermediate_size, **dt)
         self.down_proj = nnx.Linear(cfg.intermediate_size, cfg.hidden_size, **dt)
@@ -280,6 +288,176 @@ class LlamaDecoderLayer(nnx.Module):
         )
         h = residual + h
         return h + self.mlp(self.post_attention_layernorm(h))
+
+
+# ---------------------------------------------------------------------------------------- Qwen2
+
+
+class Qwen2RotaryEmbedding(nnx.Module):
+    """transformers' Qwen2RotaryEmbedding (default rope): cos and sin of position * inv_freq,
+    inv_freq = 1 / theta^(2i / head_dim), computed in at least float32 and returned in the
+    input's dtype. Computed when called from `rope_theta`, so the module carries theta: a wrong
+    theta is a wrong output of this module."""
+
+    def __init__(self, head_dim: int, rope_theta: float, attention_scaling: float = 1.0):
+        self.head_dim, self.rope_theta, self.attention_scaling = (
+            head_dim,
+            rope_theta,
+            attention_scaling,
+        )
+
+    def __call__(self, x, position_ids):
+        dt = jnp.promote_types(x.dtype, jnp.float32)
+        inv_freq = 1.0 / (
+            self.rope_theta ** (jnp.arange(0, self.head_dim, 2, dtype=dt) / self.head_dim)
+        )
+        freqs_bth = position_ids[..., None].astype(dt) * inv_freq
+        emb = jnp.concatenate([freqs_bth, freqs_bth], axis=-1)
+        cos, sin = jnp.cos(emb) * self.attention_scaling, jnp.sin(emb) * self.attention_scaling
+        return cos.astype(x.dtype), sin.astype(x.dtype)
+
+
+class Qwen2Attention(nnx.Module):
+    """Grouped-query attention with biased q/k/v projections (o_proj without), heads kept as
+    transformers keeps them: nnx.Linear, then a reshape to (B, T, heads, head_dim). Returns
+    (output, weights (B, heads, T, S)), as the eager attention does."""
+
+    def __init__(self, cfg, *, param_dtype, rngs):
+        n, k, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size
+        h = getattr(cfg, "head_dim", None) or d // n
+        dt = dict(param_dtype=param_dtype, rngs=rngs)
+        self.q_proj = nnx.Linear(d, n * h, **dt)
+        self.k_proj = nnx.Linear(d, k * h, **dt)
+        self.v_proj = nnx.Linear(d, k * h, **dt)
+        self.o_proj = nnx.Linear(n * h, d, use_bias=False, **dt)
+        self.groups, self.head_dim, self.scaling = n // k, h, h**-0.5
+
+    def __call__(self, hidden_states, position_embeddings, attention_mask=None, **_):
+        b, t, _ = hidden_states.shape
+
+        def heads(y):
+            return y.reshape(b, t, -1, self.head_dim)
+
+        q_btnh = heads(self.q_proj(hidden_states))
+        k_btkh, v_btkh = heads(self.k_proj(hidden_states)), heads(self.v_proj(hidden_states))
+        cos_bt1h, sin_bt1h = (x[:, :, None, :] for x in position_embeddings)
+        q_btnh = q_btnh * cos_bt1h + rotate_half(q_btnh) * sin_bt1h
+        k_btkh = k_btkh * cos_bt1h + rotate_half(k_btkh) * sin_bt1h
+        k_btnh = jnp.repeat(k_btkh, self.groups, axis=2)  # repeat_kv
+        v_btnh = jnp.repeat(v_btkh, self.groups, axis=2)
+        scores_bnts = jnp.einsum("btnh,bsnh->bnts", q_btnh, k_btnh) * self.scaling
+        if attention_mask is not None:
+            scores_bnts = scores_bnts + attention_mask
+        weights_bnts = jax.nn.softmax(at_least_float32(scores_bnts), axis=-1).astype(q_btnh.dtype)
+        out_btnh = jnp.einsum("bnts,bsnh->btnh", weights_bnts, v_btnh)
+        return self.o_proj(out_btnh.reshape(b, t, -1)), weights_bnts
+
+
+class Qwen2DecoderLayer(nnx.Module):
+    def __init__(self, cfg, *, param_dtype, rngs):
+        norm = dict(epsilon=cfg.rms_norm_eps, param_dtype=param_dtype, rngs=rngs)
+        self.self_attn = Qwen2Attention(cfg, param_dtype=param_dtype, rngs=rngs)
+        self.mlp = LlamaMLP(cfg, param_dtype=param_dtype, rngs=rngs)
+        self.input_layernorm = LlamaRMSNorm(cfg.hidden_size, **norm)
+        self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden_size, **norm)
+
+    def __call__(self, hidden_states, attention_mask=None, position_embeddings=None, **kwargs):
+        h, _ = self.self_attn(
+            hidden_states=self.input_layernorm(hidden_states),
+            attention_mask=attention_mask,
+            position_embeddings=position_embeddings,
+            **kwargs,
+        )
+        h = hidden_states + h
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Qwen2Model(nnx.Module):
+    """transformers' Qwen2Model without a cache: embeddings, the rotary module (theta, computed
+    once and handed to every layer), the causal + padding mask built in the model, the layers,
+    the final norm. Called as Qwen2Model is (input_ids, attention_mask of 1 / 0 per token)."""
+
+    def __init__(self, cfg, *, param_dtype="float32", rngs):
+        self.embed_tokens = nnx.Embed(cfg.vocab_size, cfg.hidden_size, param_dtype=param_dtype, rngs=rngs)  # fmt: skip
+        self.layers = nnx.List(
+            [Qwen2DecoderLayer(cfg, param_dtype=param_dtype, rngs=rngs) for _ in range(cfg.num_hidden_layers)]
+        )  # fmt: skip
+        self.norm = LlamaRMSNorm(cfg.hidden_size, epsilon=cfg.rms_norm_eps, param_dtype=param_dtype, rngs=rngs)  # fmt: skip
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.rotary_emb = Qwen2RotaryEmbedding(head_dim, cfg.rope_parameters["rope_theta"])
+
+    def __call__(self, input_ids, attention_mask=None, use_cache=False):
+        h_btd = self.embed_tokens(input_ids)
+        t = input_ids.shape[1]
+        position_ids = jnp.arange(t)[None]
+        # 0 where a query sees a key (causal, and the key not padding), the dtype's min elsewhere
+        allowed = jnp.tril(jnp.ones((t, t), dtype=bool))[None, None]
+        if attention_mask is not None:
+            allowed = allowed & (attention_mask[:, None, None, :] != 0)
+        mask = jnp.where(allowed, 0.0, jnp.finfo(h_btd.dtype).min).astype(h_btd.dtype)
+        position_embeddings = self.rotary_emb(h_btd, position_ids)
+        for layer in self.layers:
+            h_btd = layer(
+                h_btd,
+                attention_mask=mask,
+                position_embeddings=position_embeddings,
+                position_ids=position_ids,
+            )
+        return self.norm(h_btd)
+
+
+# -------------------------------------------------------------------------------------- Whisper
+
+
+class WhisperAttention(nnx.Module):
+    """Whisper's encoder self-attention: k_proj without bias, the query scaled before the
+    product (as Whisper does, not the scores), softmax in the input's dtype (the eager attention
+    passes no dtype). Returns (output, weights (B, heads, T, S))."""
+
+    def __init__(self, dim, num_heads, *, param_dtype, rngs):
+        dt = dict(param_dtype=param_dtype, rngs=rngs)
+        self.k_proj = nnx.Linear(dim, dim, use_bias=False, **dt)
+        self.v_proj = nnx.Linear(dim, dim, **dt)
+        self.q_proj = nnx.Linear(dim, dim, **dt)
+        self.out_proj = nnx.Linear(dim, dim, **dt)
+        self.num_heads, self.scaling = num_heads, (dim // num_heads) ** -0.5
+
+    def __call__(self, hidden_states, attention_mask=None):
+        b, t, d = hidden_states.shape
+
+        def heads(y):
+            return y.reshape(b, t, self.num_heads, -1)
+
+        q_btnh = heads(self.q_proj(hidden_states) * self.scaling)
+        k_bsnh, v_bsnh = heads(self.k_proj(hidden_states)), heads(self.v_proj(hidden_states))
+        scores_bnts = jnp.einsum("btnh,bsnh->bnts", q_btnh, k_bsnh)
+        if attention_mask is not None:
+            scores_bnts = scores_bnts + attention_mask
+        weights_bnts = jax.nn.softmax(scores_bnts, axis=-1)
+        out_btnh = jnp.einsum("bnts,bsnh->btnh", weights_bnts, v_bsnh)
+        return self.out_proj(out_btnh.reshape(b, t, d)), weights_bnts
+
+
+class WhisperEncoderLayer(nnx.Module):
+    """transformers' WhisperEncoderLayer: pre-norm self-attention and a GELU feed-forward (the
+    activation a module, as ACT2FN's), each with a residual; LayerNorm eps 1e-5."""
+
+    def __init__(self, cfg, *, param_dtype="float32", rngs):
+        dim, dt = cfg.d_model, dict(param_dtype=param_dtype, rngs=rngs)
+        norm = dict(epsilon=1e-5, use_fast_variance=False, **dt)
+        self.self_attn = WhisperAttention(dim, cfg.encoder_attention_heads, **dt)
+        self.self_attn_layer_norm = nnx.LayerNorm(dim, **norm)
+        self.activation_fn = GELU()
+        self.fc1 = nnx.Linear(dim, cfg.encoder_ffn_dim, **dt)
+        self.fc2 = nnx.Linear(cfg.encoder_ffn_dim, dim, **dt)
+        self.final_layer_norm = nnx.LayerNorm(dim, **norm)
+
+    def __call__(self, hidden_states, attention_mask=None):
+        h, _ = self.self_attn(
+            hidden_states=self.self_attn_layer_norm(hidden_states), attention_mask=attention_mask
+        )
+        h = hidden_states + h
+        return h + self.fc2(self.activation_fn(self.fc1(self.final_layer_norm(h))))
 
 
 # ------------------------------------------------------------------------------------------ SAM

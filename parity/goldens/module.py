@@ -28,7 +28,7 @@ from parity.check import Report, compare_calls, compare_named
 from parity.compare import FLOAT32, FLOAT64, Tolerance
 from parity.envelope import widened
 from parity.goldens.common import load_npz, save_npz, write_manifest
-from parity.keymap import TorchKey, build_keymap
+from parity.keymap import TorchKey, build_keymap, declared_layouts
 from parity.steps import (
     by_step,
     nnx_steps,
@@ -57,7 +57,7 @@ def record(
     is wider than the named bound: exactly-zero gradients, recurrences)."""
     import torch
 
-    from parity.keymap import describe_torch
+    from parity.keymap import describe_torch, module_kinds
 
     tensors, scalars = _split_args(args)
     threads = torch.get_num_threads()
@@ -96,6 +96,7 @@ def record(
         "steps": steps,
         "state_dict": [tk.to_json() for tk in describe_torch(torch_module)],
         "calls": [[c.path, c.method, c.index] for c in cap.calls],
+        "modules": module_kinds(torch_module),  # what declared activation layouts match by
         "envelope": {"seeds": list(envelope_seeds), **env},
         "file": path.name,
     }
@@ -198,7 +199,8 @@ def check(
     reference = _calls(section, arrays)
     env = section.get("envelope", {})
     by_call = {c.key: v for c, v in zip(reference, env.get("calls", []))}
-    rows, notes = compare_calls(mine.calls, reference, widened(tol, by_call))
+    layouts = declared_layouts(section.get("modules", {}))
+    rows, notes = compare_calls(mine.calls, reference, widened(tol, by_call), layouts=layouts)
     buffers = {tk.key for tk in described if not tk.parameter}
     state = {k: v for k, v in _under(arrays, "state/").items() if k in buffers}
     rows += compare_named("state", km.to_torch(mine.state), state, lambda _: tol)
