@@ -36,7 +36,8 @@ def run(main, argv=None):
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse's parser whose usage error is the one line `error: ...` (exit status 2, as
-    argparse's) instead of the usage block and the error; --help prints the usage."""
+    argparse's) instead of the usage block and the error; --help prints the usage (train's
+    commands: train.errors.OneLineParser, the same)."""
 
     def error(self, message: str):
         self.exit(2, f"error: {message} ({self.prog} --help lists the options)\n")

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+
+log = logging.getLogger(__name__)
 
 RECORD = "built_by.json"
 # The builders' output for the same arguments and inputs: bump it when a builder changes what it
@@ -199,3 +202,21 @@ def _names(names) -> str:
     names = sorted(names)
     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
     return shown
+
+
+def prepare(root, what: str, wanted: dict | None, complete, build) -> None:
+    """Builds the data set a run's config asks for into `root` unless it is there (`decide`):
+    `what` is the config's words for the build (data.build=...), `build()` runs it. A rebuild
+    and an unrecorded data set are each one warning line; NotReplaced for a folder that is not
+    the build's to replace."""
+    action, why = decide(root, wanted, complete)
+    if action == "use":
+        return
+    if action == "unrecorded":
+        log.warning("data.path=%s: %s against %s", root, why, what)
+        return
+    if action == "rebuild":
+        log.warning("data.path=%s: %s; rebuilding it as %s", root, why, what)
+    else:
+        log.info("building %s into %s", what, root)
+    build()

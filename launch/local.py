@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from data.cli import OneLineParser
+from train.errors import OneLineParser
 from train.preemption import EXIT_PREEMPTED
 
 

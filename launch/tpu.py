@@ -34,8 +34,8 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from data.cli import OneLineParser
 from train.config import RunConfig
+from train.errors import OneLineParser
 
 DEFAULT_ZONE = "us-central2-b"  # where public v4 capacity lives
 DEFAULT_NAME = "trm-v4-64"

@@ -41,10 +41,10 @@ from collections.abc import Sequence
 import jax
 from jax.experimental import topologies
 
-from data.cli import OneLineParser
 from train import mesh as mesh_lib
 from train.compose import load_config
 from train.config import ConfigError
+from train.errors import OneLineParser
 from train.families import family, make_task
 from train.flops import peak_flops_for
 from train.jit import build_train_step

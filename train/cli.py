@@ -20,9 +20,8 @@ import argparse
 import inspect
 import sys
 
-from data.cli import OneLineParser
 from train import families
-from train.errors import ConfigError
+from train.errors import ConfigError, OneLineParser
 
 
 class FamilyCommand:

@@ -11,6 +11,7 @@ from `python -m train.main`, and the same command resumes once space is back.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import os
@@ -21,6 +22,15 @@ import sys
 class ConfigError(ValueError):
     """A value the user gave is missing, unknown, out of range or does not fit (a config key, a
     file, a command-line option); the message is one line naming it and what was expected."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser whose usage error is the one line `error: ...` (exit status 2, as
+    argparse's) instead of the usage block and the error; --help prints the usage. (The data
+    builders' commands have their own: data/cli.py.)"""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} ({self.prog} --help lists the options)\n")
 
 
 def one_line(e: BaseException, limit: int = 600) -> str:

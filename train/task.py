@@ -34,7 +34,6 @@ checkpoints, for train.evaluate / train.sample / train.export), `python -m train
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import Any
 
 import jax
@@ -45,8 +44,6 @@ from omegaconf import OmegaConf, open_dict
 
 from train import mesh as mesh_lib
 from train.errors import ConfigError
-
-log = logging.getLogger(__name__)
 
 
 def sync_processes(name: str) -> None:
@@ -61,31 +58,6 @@ def build_once(name: str, build) -> None:
     if jax.process_index() == 0:
         build()
     sync_processes(name)
-
-
-def build_data(path: str, what: str, wanted, complete, build) -> None:
-    """Builds the data set the config asks for into data.path unless it is there: `wanted` is
-    the build's record (data.provenance; None when the builder keeps none), `complete(path)`
-    whether a folder without a record holds a data set to read, `build()` the build, `what`
-    the config's words for it (data.build=...). A folder is replaced only when its record says a
-    builder wrote it, with other settings, and it holds nothing else; a warning line names
-    what differed. ConfigError (one line) for a folder that is not the build's to replace."""
-    from data.provenance import NotReplaced, decide
-
-    try:
-        action, why = decide(path, wanted, complete)
-    except NotReplaced as e:
-        raise ConfigError(f"data.path={path!r} ({what}): {e}") from e
-    if action == "use":
-        return
-    if action == "unrecorded":
-        log.warning("data.path=%s: %s against %s", path, why, what)
-        return
-    if action == "rebuild":
-        log.warning("data.path=%s: %s; rebuilding it as %s", path, why, what)
-    else:
-        log.info("building %s into %s", what, path)
-    build_once("data_built", build)
 
 
 def record_in_config(cfg, values: dict) -> None:

@@ -15,13 +15,15 @@ import os
 
 import numpy as np
 
+from data import provenance
 from data.download import DownloadError
+from data.provenance import NotReplaced
 from data.shakespeare_char import build as build_shakespeare_char
 from data.shakespeare_char import build_record
 from data.text_source import read_meta, read_token_bin, train_dataset
 from models.fields import ranged
 from train.errors import ConfigError, one_line
-from train.task import build_data
+from train.task import build_once
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,7 @@ class GPTDataConfig:
 def prepare_data(d: dict) -> dict:
     """The data set of the `data` section `d`, built first when data.build names a builder and
     data.path holds none yet, or holds one its build record says was built from another input
-    (train.task.build_data): -> its meta.json entries ({} without one)."""
+    (data.provenance.prepare): -> its meta.json entries ({} without one)."""
     path = d.get("path", "")
     if not path:
         raise ConfigError("data.path: directory with train.bin / val.bin / meta.json is required")
@@ -53,20 +55,23 @@ def prepare_data(d: dict) -> dict:
     what = f"data.build={builder} from " + (f"data.input={given}" if given else "a download")
     try:
         wanted = build_record(given)
-        build_data(
+        provenance.prepare(
             path,
             what,
             wanted,
             lambda p: all(os.path.exists(os.path.join(p, f)) for f in ("train.bin", "val.bin")),
-            lambda: build_shakespeare_char(path, input_path=given, built_by=wanted),
+            lambda: build_once(
+                "gpt_data_built",
+                lambda: build_shakespeare_char(path, input_path=given, built_by=wanted),
+            ),
         )
+    except NotReplaced as e:
+        raise ConfigError(f"data.path={path!r} ({what}): {e}") from e
     except DownloadError as e:  # the builder's own hint names its CLI flag, not our key
         raise ConfigError(
             f"data.path={path!r}: building it ({what}) could not download {e.url} ({e.reason}); "
             "offline? set data.input=path/to/input.txt (tiny-shakespeare's input.txt)"
         ) from e
-    except ConfigError:
-        raise
     except (OSError, ValueError) as e:  # data.input missing or unreadable
         raise ConfigError(
             f"data.path={path!r}: building it from data.input={given!r} failed: {one_line(e)}"

@@ -14,10 +14,12 @@ import json
 import logging
 import os
 
+from data import provenance
+from data.provenance import NotReplaced
 from data.puzzle_format import load_metadata, load_split
 from models.fields import ranged
 from train.errors import ConfigError, one_line
-from train.task import build_data
+from train.task import build_once
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +50,7 @@ SIZES = ("seq_len", "vocab_size", "num_puzzle_identifiers", "total_groups", "mea
 
 def prepare_data(d) -> None:
     """Builds the data set of the `data` section `d` with data.build when data.path holds none,
-    or holds one its build record says was built with other settings (train.task.build_data)."""
+    or holds one its build record says was built with other settings (data.provenance.prepare)."""
     path, builder = d.get("path", ""), d.get("build")
     if not path:
         raise ConfigError("data.path: a puzzle data set directory (upstream layout) is required")
@@ -74,15 +76,15 @@ def prepare_data(d) -> None:
     what = f"data.build={builder} with data.build_args={build_args}"
     try:
         record = getattr(builder_module, "build_record", None)
-        build_data(
+        provenance.prepare(
             path,
             what,
             record(args) if record else None,
             lambda p: os.path.exists(os.path.join(p, "train", "dataset.json")),
-            lambda: builder_module.main(args),
+            lambda: build_once("trm_data_built", lambda: builder_module.main(args)),
         )
-    except ConfigError:
-        raise
+    except NotReplaced as e:
+        raise ConfigError(f"data.path={path!r} ({what}): {e}") from e
     except (OSError, ValueError) as e:  # a bad build_args value, a missing input file
         raise ConfigError(f"{what}: {one_line(e)}") from e
 
