@@ -21,7 +21,7 @@ Makefile's (https://download.pytorch.org/whl/cpu for a CPU torch from PyTorch's 
 Writes --out (default bench/results/timings/<row>.json, `row` one of ROWS: the CPU's vector
 kernels and whether loops ran beside) with the machine, every command's wall time and load
 average, the demo's output lines and the default tier's pytest summary; the demo's output goes to
-<out>.log. `--tables` rewrites README.md's and docs/testing.md's timing rows from the records
+<out without .json>.log. `--tables` rewrites README.md's and docs/testing.md's timing rows from the records
 (tests/test_figures.py keeps them equal).
 """
 
@@ -128,14 +128,15 @@ def measure(clone: str, parts: list[str], cores: list[int], busy: int, kernels: 
     record = {"cores": len(cores), "busy_loops": busy, "cpu_isa": cpu_isa(), "kernels": kernels,
               "environment": {k: os.environ.get(k) for k in
                               ("PIP_CONFIG_FILE", "PIP_NO_CACHE_DIR", "TORCH_INDEX_URL")}}  # fmt: skip
-    with open(out + ".log", "w") as log, busy_loops(busy, cores):
+    log_path = os.path.splitext(out)[0] + ".log"
+    with open(log_path, "w") as log, busy_loops(busy, cores):
         if "demo" in parts:
             install = _timed(["make", ".venv/bin/.installed-base"], clone, env, cores, log)
             log.write("=== make demo ===\n")
             log.flush()
             cache = f"DEMO_ARGS=run.compilation_cache_dir={clone}/.xla-cache"
             demo = _timed(["make", "demo", cache], clone, env, cores, log)
-            with open(out + ".log") as f:
+            with open(log_path) as f:
                 lines = f.read().split("=== make demo ===\n", 1)[1].count("\n")
             record["demo"] = {"install": install, "run": {**demo, "output_lines": lines}}
         if "test" in parts:
@@ -143,7 +144,7 @@ def measure(clone: str, parts: list[str], cores: list[int], busy: int, kernels: 
             log.flush()
             install = _timed(["make", ".venv/bin/.installed-dev"], clone, env, cores, log)
             test = _timed(["make", "test"], clone, env, cores, log)
-            with open(out + ".log") as f:
+            with open(log_path) as f:
                 summary = pytest_summary(f.read().split("=== make test ===\n", 1)[1])
             record["test"] = {"install": install, "run": {**test, "pytest": summary}}
     record["loadavg_end"] = loadavg()

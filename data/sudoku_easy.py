@@ -3,14 +3,17 @@
 
 Real Sudoku-Extreme needs ~65k steps of a 5M-parameter model; a laptop demo has minutes. So the
 demo takes complete grids from data.sudoku's generator (seeded, unique-solution puzzles; we keep
-their SOLUTIONS) and blanks only `blanks` random cells of each (by default among the generator
+their SOLUTIONS) and blanks only `blanks` cells of each (by default among the generator
 puzzle's own blanks, so the solution stays unique: `build_easy_sudoku`), then writes train/test splits with
 data.sudoku.build_sudoku (its augmentation, checks and upstream on-disk layout). The test grids
 come from a disjoint generator stream, so test accuracy measures generalisation, not recall.
 
-    python -m data.sudoku_easy --output-dir DIR train=200 test=100 blanks=30 num_aug=20 [unique=0]
+    python -m data.sudoku_easy --output-dir DIR train=200 test=100 blanks=30 num_aug=20 \
+        [unique=0] [pattern=uniform|published|mixed]
 
 (the experiment's `data.build: sudoku_easy` + `data.build_args` call `main` the same way).
+`pattern` says where the blanks lie (`blank_cells`): at random (uniform, the default), as printed
+puzzles have them (published: symmetric, in patches), or either per grid (mixed, the demo's).
 
 `test_csv=PATH` makes the test split of grids from another source instead: the SOLUTIONS of the
 first `test` puzzles of a Sudoku CSV (columns source,question,answer,rating) with `blanks` cells
@@ -18,9 +21,10 @@ blanked the same way (among each CSV puzzle's own blanks, so every grid keeps on
 train=0 writes no train split. The demo's checkpoints evaluated on such grids
 (docs/training.md, "Tiny runs"):
 
-    python -m data.sudoku_easy --output-dir data_out/sudoku-hard-1k-30u train=0 test=1000 \
-        blanks=30 num_aug=0 test_csv=../shared/data/sudoku/sudoku-hard-test-1k/test.csv
-    python -m train.evaluate runs/trm_sudoku_tiny --data data_out/sudoku-hard-1k-30u
+    python -m data.sudoku_easy --output-dir data_out/sudoku-hard-1k-30p train=0 test=1000 \
+        blanks=30 num_aug=0 test_csv=../shared/data/sudoku/sudoku-hard-test-1k/test.csv \
+        pattern=published
+    python -m train.evaluate runs/trm_sudoku_tiny --data data_out/sudoku-hard-1k-30p
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ information (plugins, search path, defaults) is `--info all` (or one of its topi
     experiment  trm_sudoku_tiny (configs/experiment/trm_sudoku_tiny.yaml)
     family      trm: model TRMConfig, data TRMDataConfig, optim TRMOptimConfig
     mesh        cpu: data 1 x fsdp -1 x tensor 1 (-1: the devices left), params replicate
-    data        data_out/sudoku-tiny-30u: built on first use by data.build=sudoku_easy
+    data        data_out/sudoku-tiny-30m: built on first use by data.build=sudoku_easy
     steps       trainer.epochs=320 over the data set at batch 32: counted once the data set is built
     writes      runs/trm_sudoku_tiny: config.yaml, metrics.jsonl, final.json, checkpoints/
     logging     metrics.jsonl; wandb disabled
