@@ -377,8 +377,11 @@ def test_offline_wandb_is_one_line_of_ours_unless_asked(tmp_path, monkeypatch, c
     caplog.set_level(logging.INFO, logger="train.metrics")
     cfg = OmegaConf.create({"logging": {"wandb": "offline", "project": "p", "jsonl": False}})
     cfg.trainer = {"progress_bar": False}
+    import wandb
+
     printed = {}
     for silent in (None, "false"):
+        wandb.teardown()  # wandb keeps the first settings of a process: start each case afresh
         if silent is None:
             monkeypatch.delenv("WANDB_SILENT", raising=False)
         else:

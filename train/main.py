@@ -88,6 +88,8 @@ def check_hydra_overrides(args: list[str]) -> None:
     as a plain run does, so a bad key or value is the plain run's one line (ConfigError) instead
     of Hydra's block; a line Hydra parses otherwise (a sweep, another config directory, its help)
     is left to Hydra."""
+    if "--version" in args:  # argparse would print it here, and Hydra again
+        return
     with contextlib.redirect_stderr(io.StringIO()):  # argparse's usage on a line Hydra refuses
         try:
             a, _ = get_args_parser().parse_known_args(args)
