@@ -1,8 +1,9 @@
 """`python -m bench [...]` (step-time benchmark), `python -m bench ttq [...]` (time to quality),
 `python -m bench curves [...]` (whole runs against upstream's own code), `python -m bench ttsc
 [...]` (a trained TRM's test-time scaling), `python -m bench trainer [...]` (the trainer's loop
-against its bare jitted step, same batches), `python -m bench demo [...]` (`make demo` over seeds)
-and `python -m bench gpu [...]` (one GPU session's whole plan, time-boxed)."""
+against its bare jitted step, same batches), `python -m bench demo [...]` (`make demo` over seeds),
+`python -m bench timings [...]` (`make demo` and `make test` from a fresh clone) and `python -m
+bench gpu [...]` (one GPU session's whole plan, time-boxed)."""
 
 import sys
 
@@ -31,6 +32,10 @@ def _main() -> None:
         from bench.demo import main as demo_main
 
         demo_main(argv[1:])
+    elif argv and argv[0] == "timings":
+        from bench.timings import main as timings_main
+
+        timings_main(argv[1:])
     elif argv and argv[0] == "gpu":
         from bench.gpu import main as gpu_main
 

@@ -2,7 +2,6 @@
 
     python -m bench demo [--seeds 0,1,2,3,4] [--runs bench_out/demo] [--other CSV] [--blanks 30]
                          [--out bench/results/demo_seeds.json]
-    python -m bench demo --fresh-clone DIR [--out bench/results/demo_fresh_clone.json]
 
 For each seed, `python -m train.main +experiment=trm_sudoku_tiny run.seed=S` into
 RUNS/trm_sudoku_tiny_seedS (wandb off; a seed whose run directory already has final.json is not
@@ -10,20 +9,16 @@ trained again), then `python -m train.evaluate`'s own function on its last check
 - on the demo's held-out test split: exact and token accuracy, and the exact accuracy after every
   ACT step;
 - on grids made another way (--other, default the offline sudoku-hard-test-1k): the SOLUTIONS of
-  that CSV's puzzles with --blanks cells blanked (data.sudoku_easy test_csv=, seeded), the same
-  number of blanks as the demo's grids but not its generator's grids.
+  that CSV's puzzles with --blanks of each puzzle's own blank cells blanked again (data.sudoku_easy
+  test_csv=, seeded), the same number of blanks as the demo's grids but not its generator's
+  grids: `other` draws them at random, `published` lays them out as printed puzzles do
+  (pattern=published: symmetric pairs in patches).
 
 Writes --out: the command, machine, date and versions, every seed's figures, and the summary
 (mean, min and max over seeds) that docs/training.md ("Tiny runs"), docs/evaluation.md and the
 experiment's header quote (tests/test_figures.py checks them against this file).
 
---fresh-clone DIR times what a new user waits for instead: `git clone` of this repository's HEAD
-into DIR (which must not exist), then `make .venv/bin/.installed-base` (the venv and the base
-install from the package index: the install) and `make demo` (data, training, evaluation, with
-an empty XLA compilation cache, as on a first run), each timed on its own; the demo's output is
-kept beside --out as demo_fresh_clone.log. pip reads its usual configuration: a machine whose pip
-config adds a local package index installs from it; `PIP_CONFIG_FILE=/dev/null
-PIP_NO_CACHE_DIR=1` makes it download everything from PyPI (these two are recorded).
+The time `make demo` takes from a fresh clone: `python -m bench timings` (bench/timings.py).
 """
 
 from __future__ import annotations
@@ -42,6 +37,7 @@ from train.errors import user_errors
 
 EXPERIMENT = "trm_sudoku_tiny"
 OTHER = "../shared/data/sudoku/sudoku-hard-test-1k/test.csv"
+OTHER_SETS = {"other": "uniform", "published": "published"}  # --other's grids, blanked two ways
 
 
 def _train(seed: int, runs: str) -> dict:
@@ -74,9 +70,9 @@ def _spread(values: list[float]) -> dict:
 
 def summary(seeds: list[dict]) -> dict:
     """Mean, min and max over seeds of the final exact accuracy, of each ACT step's, and on the
-    other grids."""
+    other grids (OTHER_SETS)."""
     out = {"n": len(seeds)}
-    for where in ("test", "other"):
+    for where in ("test", *OTHER_SETS):
         if all(where in s for s in seeds):
             finals = [s[where]["exact_accuracy"] for s in seeds]
             steps = zip(*(s[where]["per_step_exact_accuracy"] for s in seeds), strict=True)
@@ -87,54 +83,15 @@ def summary(seeds: list[dict]) -> dict:
     return out
 
 
-def _timed(cmd: list[str], cwd: str, log) -> dict:
-    load, t0 = loadavg(), time.perf_counter()
-    subprocess.run(cmd, cwd=cwd, check=True, stdout=log, stderr=subprocess.STDOUT)
-    return {"command": shlex.join(cmd), "wall_s": time.perf_counter() - t0, "loadavg_start": load}
-
-
-def fresh_clone(clone: str, out: str) -> dict:
-    """The install and `make demo` of a fresh clone, timed apart (module docstring)."""
-    if os.path.exists(clone):
-        raise SystemExit(f"error: --fresh-clone {clone} exists; name a new directory")
-    subprocess.run(["git", "clone", "-q", ".", clone], check=True)
-    log_path = os.path.join(os.path.dirname(out) or ".", "demo_fresh_clone.log")
-    with open(log_path, "w") as log:
-        install = _timed(["make", ".venv/bin/.installed-base"], clone, log)
-        log.write("=== make demo ===\n")
-        log.flush()
-        cache = f"DEMO_ARGS=run.compilation_cache_dir={os.path.abspath(clone)}/.xla-cache"
-        demo = _timed(["make", "demo", cache], clone, log)
-    with open(log_path) as f:
-        demo_lines = f.read().split("=== make demo ===\n", 1)[1].count("\n")
-    pip = {k: os.environ.get(k) for k in ("PIP_CONFIG_FILE", "PIP_NO_CACHE_DIR")}
-    return {
-        "install": {**install, "pip_environment": pip},
-        "demo": {**demo, "output_lines": demo_lines},
-        "log": log_path,
-    }
-
-
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m bench demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--fresh-clone", metavar="DIR", help="time a fresh clone's install and demo")
     p.add_argument("--seeds", default="0,1,2,3,4")
     p.add_argument("--runs", default="bench_out/demo", help="where the seeds' runs go")
     p.add_argument("--other", default=OTHER, help="a Sudoku CSV whose solutions are blanked")
     p.add_argument("--blanks", type=int, default=30, help="blanks per grid of --other")
-    p.add_argument("--out", default=None, help="default bench/results/demo_seeds.json, or "
-                   "bench/results/demo_fresh_clone.json with --fresh-clone")  # fmt: skip
+    p.add_argument("--out", default="bench/results/demo_seeds.json")
     a = p.parse_args(argv)
     command = "python -m bench demo " + shlex.join(argv or sys.argv[1:])
-    if a.fresh_clone:
-        a.out = a.out or "bench/results/demo_fresh_clone.json"
-        result = {
-            **result_header("demo_fresh_clone", command, "cpu"),
-            **fresh_clone(a.fresh_clone, a.out),
-        }
-        _write(result, a.out)
-        return result
-    a.out = a.out or "bench/results/demo_seeds.json"
     from data.sudoku_easy import build_easy_sudoku
     from data.sudoku_sources import read_sudoku_csv
     from train.distributed import quiet_tpu_probe
@@ -142,9 +99,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     quiet_tpu_probe()
     header = result_header("demo", command, detect_device())
-    other = os.path.join(a.runs, f"other-{a.blanks}u")
     count = len(read_sudoku_csv(a.other))
-    build_easy_sudoku(other, train=0, test=count, blanks=a.blanks, num_aug=0, test_csv=a.other)
+    sets = {}  # where -> the data set directory of --other blanked as OTHER_SETS[where] says
+    for where, pattern in OTHER_SETS.items():
+        sets[where] = os.path.join(a.runs, f"{where}-{a.blanks}")
+        build_easy_sudoku(sets[where], train=0, test=count, blanks=a.blanks, num_aug=0,
+                          test_csv=a.other, pattern=pattern)  # fmt: skip
     seeds = []
     for seed in (int(s) for s in a.seeds.split(",")):
         record = {"seed": seed, **_train(seed, a.runs)}
@@ -153,22 +113,28 @@ def main(argv: list[str] | None = None) -> dict:
         record["step"] = final["step"]
         record["trainer_wall_s"] = final["goodput"]["wall"]  # the trainer's, from final.json
         record["test"] = _figures(evaluate(record["run_dir"]))
-        record["other"] = _figures(evaluate(record["run_dir"], data=other))
+        for where, path in sets.items():
+            record[where] = _figures(evaluate(record["run_dir"], data=path))
         print(
             f"seed {seed}: test exact {record['test']['exact_accuracy']:.3f}, per ACT step "
-            f"{record['test']['per_step_exact_accuracy']}; other {record['other']['exact_accuracy']:.3f}",
+            f"{record['test']['per_step_exact_accuracy']}; "
+            + ", ".join(f"{w} {record[w]['exact_accuracy']:.3f}" for w in sets),
             flush=True,
         )
         seeds.append(record)
     result = {
         **header,
         "experiment": EXPERIMENT,
-        "other": {
-            "csv": a.other,
-            "blanks": a.blanks,
-            "count": count,
-            "build": f"data.sudoku_easy train=0 test={count} blanks={a.blanks} num_aug=0 test_csv={a.other}",
-        },  # fmt: skip
+        **{
+            where: {
+                "csv": a.other,
+                "blanks": a.blanks,
+                "count": count,
+                "build": f"data.sudoku_easy train=0 test={count} blanks={a.blanks} num_aug=0 "
+                f"test_csv={a.other} pattern={pattern}",
+            }
+            for where, pattern in OTHER_SETS.items()
+        },
         "seeds": seeds,
         "summary": summary(seeds),
     }
@@ -180,7 +146,7 @@ def _write(result: dict, out: str) -> None:
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w") as f:
         f.write(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k in ("summary", "install", "demo")}))
+    print(json.dumps(result["summary"]))
 
 
 if __name__ == "__main__":

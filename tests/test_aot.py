@@ -8,10 +8,12 @@ backend starts (and pytest workers share /tmp/libtpu_lockfile).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+import tomllib
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 from tests.helpers import REPO
 from train import aot
+from train.errors import ConfigError
 
 HLO_SNIPPET = """
 ENTRY %main {
@@ -129,6 +132,24 @@ def test_prediction_is_the_compilers_time_only_where_it_covers_the_step():
     r = _report(aot.CostStats(2e12, 4e9, None), bandwidth=None)
     assert r.prediction_source is None and r.predicted_mfu is None
     assert "PREDICTED" not in aot.format_report(r)
+    assert "predicts" not in aot.format_summary(r)
+
+
+def test_the_summary_says_the_prediction_in_words():
+    """The command's default output: the predicted step and MFU, memory per chip against the
+    chip's HBM; the raw terms (optimal_seconds, untimed custom calls) only under --verbose."""
+    r = _report(aot.CostStats(2e12, 4e9, -281.995, untimed_ops=282))
+    text = aot.format_summary(r)
+    assert "  XLA's cost model predicts 5 ms per step on a v4-64 (40.0% MFU)" in text, text
+    assert "optimal_seconds" not in text and "untimed" not in text
+    assert "  0 MiB of 1 GiB per chip: fits" in text, text
+    r = _report(aot.CostStats(2e12, 4e9, 0.010), loops=1)
+    text = aot.format_summary(r)
+    assert "the roofline of XLA's counts predicts 4 ms per step" in text, text
+    assert (
+        "(the compiler's own estimate does not cover this step: the program has 1 loop(s))" in text
+    )
+    assert "1 loop(s): each body counted once, so the step takes longer" in text
 
 
 def test_cost_analysis_counts_a_scan_body_once_on_cpu():
@@ -355,8 +376,33 @@ def test_aot_v4_64_tiny_gpt_reports_and_fails_when_it_does_not_fit(tmp_path):
     assert report["collectives"]["all-gather"] == report["collectives"]["collective-permute"] == 0
     assert report["cost"]["optimal_seconds"] is not None  # XLA:TPU's own estimate is reported
     assert report["prediction_source"] in ("compiler", "roofline")
-    assert "AOT compile of gpt_shakespeare_char_tiny for v4-64" in proc.stdout
-    assert "PREDICTED step" in proc.stdout
+    # what it compiles, before compiling; the result in words; none of libtpu's worker noise
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith(
+        "train.aot: compiling gpt_shakespeare_char_tiny's train step for a v4-64 (32 devices) "
+        "with XLA's TPU compiler on this CPU: minutes"
+    ), proc.stdout
+    assert lines[1].startswith("gpt_shakespeare_char_tiny on a v4-64 (32 devices), compiled in")
+    predicted = f"{report['predicted_step_seconds'] * 1e6:.3g} us per step on a v4-64"
+    assert f"  XLA's cost model predicts {predicted}" in proc.stdout, proc.stdout
+    assert "DOES NOT FIT" in proc.stdout and "optimal_seconds" not in proc.stdout
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("train.aot: gpt_shakespeare_char_tiny needs "), proc.stderr
+
+
+def test_without_libtpu_the_line_names_the_tpu_extra(monkeypatch):
+    """No libtpu: one line naming this project's tpu extra first (pyproject.toml has it)."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "libtpu" else real(name, *a)
+    )
+    with pytest.raises(ConfigError) as e:
+        aot.topology_devices("v4-64")
+    assert str(e.value).startswith(
+        "libtpu is not importable: install this project's tpu extra, pip install -e '.[tpu]'"
+    )
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        assert "tpu" in tomllib.load(f)["project"]["optional-dependencies"]
 
 
 @pytest.mark.tpu_aot
@@ -372,12 +418,15 @@ def test_aot_compiles_for_other_32_chip_slices(tmp_path, topology):
     """This libtpu describes and compiles v5e, v5p and v6e slices too; the mesh=v4-64 config
     (32 devices) fits all three. Each reports its own chip's HBM."""
     out = tmp_path / "r.json"
-    proc = _run_aot(*TINY_GPT, "--topology", topology, f"--json={out}")
+    proc = _run_aot(*TINY_GPT, "--topology", topology, f"--json={out}", "--verbose")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["topology"] == topology and report["num_devices"] == 32
     assert report["hbm_bytes"] == aot.TOPOLOGIES[topology].hbm_bytes
     assert report["predicted_step_seconds"] > 0
+    # --verbose: the raw terms
+    assert f"AOT compile of gpt_shakespeare_char_tiny for {topology}" in proc.stdout
+    assert "compiler's time: optimal_seconds" in proc.stdout and "PREDICTED step" in proc.stdout
 
 
 @pytest.mark.tpu_aot

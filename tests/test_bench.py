@@ -248,6 +248,8 @@ def test_gpu_requested_without_gpu_is_a_clear_error(tmp_path):
             ["bench.variants", "trm_sudoku_tiny", "--variant", "nosuch=1"],
             "unknown key(s) ['nosuch']",
         ),
+        (["bench", "timings", "--clone", "c", "--max-load", "-1"], "the 1-minute load average"),
+        (["bench", "timings", "--clone", "c", "--parts", "tests"], "--parts tests: expected"),
     ],
 )
 def test_bench_commands_name_bad_input_in_one_line(tmp_path, argv, names):
@@ -261,6 +263,46 @@ def test_bench_commands_name_bad_input_in_one_line(tmp_path, argv, names):
     assert names in proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     assert not any(tmp_path.iterdir()), "nothing is written"
+
+
+def test_timings_rows_from_records(tmp_path):
+    """bench.timings: the pytest summary it reads from `make test`'s output, the cells a record
+    gives (make test's install counts the base install), the row a machine's record fills, and
+    --tables writing the rows the README and docs/testing.md have."""
+    from bench import timings
+    from train.errors import ConfigError
+
+    log = "....\n===== 869 passed, 3 skipped, 1 warning in 355.12s (0:05:55) =====\n"
+    assert timings.pytest_summary(log) == {
+        "line": "===== 869 passed, 3 skipped, 1 warning in 355.12s",
+        "passed": 869,
+        "seconds": 355.12,
+    }
+
+    def part(install, run, **extra):
+        return {"install": {"wall_s": install}, "run": {"wall_s": run, **extra}}
+
+    record = {"demo": part(27.7, 58.8), "test": part(95.4, 354.6, pytest={"passed": 869})}
+    assert timings.cells(record) == (
+        "install 28 s, then 59 s",
+        "install 2m03s, then 5m55s (869 passed)",
+    )
+    forced = {**record, "kernels": "avx2", "cpu_isa": "AVX-512"}
+    assert timings.cells(forced)[0] == "install 28 s, then 59 s (AVX2 kernels on an AVX-512 CPU)"
+    assert timings.cells(None) == (timings.NOT_MEASURED,) * 2
+    assert timings.row_name("AVX2", "native", 2, 0) == "avx2"
+    assert timings.row_name("AVX-512", "avx2", 2, 0) == "avx2"
+    assert timings.row_name("AVX-512", "native", 2, 0) == "avx512"
+    assert timings.row_name("AVX2", "native", 2, 2) == "avx2-busy2"
+    with pytest.raises(ConfigError, match="no table row for 4 AVX2 cores"):
+        timings.row_name("AVX2", "native", 4, 0)
+    for name in timings.TABLE_FILES:
+        os.makedirs(tmp_path / os.path.dirname(name), exist_ok=True)
+        with open(os.path.join(REPO, name)) as f, open(tmp_path / name, "w") as g:
+            g.write(f.read().replace(timings.NOT_MEASURED, "stale"))
+    timings.write_tables(str(tmp_path))
+    for name in timings.TABLE_FILES:
+        assert (tmp_path / name).read_text() == open(os.path.join(REPO, name)).read(), name
 
 
 def test_jax_model_override_values():

@@ -384,3 +384,44 @@ def test_sudoku_easy_test_grids_from_a_csv(tmp_path, generated):
     assert (tmp_path / "a" / "test" / "all__inputs.npy").read_bytes() == again.read_bytes()
     with pytest.raises(ValueError, match=f"test=13 but {csv} has 12 puzzles"):
         sudoku_easy.main(["--output-dir", str(tmp_path / "c"), *argv[:1], "test=13", *argv[2:]])
+
+
+def test_published_pattern_is_symmetric_patches_of_the_puzzles_own_blanks(tmp_path, generated):
+    """pattern=published: the blanks are pairs (c, 80 - c) of the puzzle's own blank cells
+    (symmetric under a half turn), nearer each other than random draws (in patches), exactly
+    `blanks` of them, and the grid keeps its one solution; pattern=mixed lays out some grids so and
+    some at random (docs/data.md, "Random blanks are not where printed puzzles have them")."""
+    from data.sudoku_easy import blank_cells, build_easy_sudoku
+
+    puzzles, solutions, _ = generated
+
+    def spread(
+        cells,
+    ):  # mean distance (rows and columns) to the nearer of the best cell and its image
+        r, c = np.divmod(np.asarray(cells), 9)
+        return min(
+            np.mean(np.minimum(np.maximum(abs(r - a // 9), abs(c - a % 9)),
+                               np.maximum(abs(r - (80 - a) // 9), abs(c - (80 - a) % 9))))
+            for a in range(81)
+        )  # fmt: skip
+
+    rng = np.random.default_rng(0)
+    published, uniform = [], []
+    for puzzle, solution in zip(puzzles, solutions):
+        own = np.flatnonzero(puzzle == 0)
+        cells = blank_cells(own, 30, "published", rng)
+        assert len(cells) == 30 and set(cells) <= set(own) and set(80 - cells) == set(cells)
+        grid = solution.copy()
+        grid[cells] = 0
+        assert count_solutions(list(map(int, grid)), limit=2) == 1
+        published.append(spread(cells))
+        uniform.append(spread(blank_cells(own, 30, "uniform", rng)))
+    assert np.mean(published) < np.mean(uniform) - 0.2, (np.mean(published), np.mean(uniform))
+    build_easy_sudoku(str(tmp_path / "m"), train=0, test=12, blanks=30, num_aug=0,
+                      pattern="mixed")  # fmt: skip
+    q = load_split(tmp_path / "m", "test", raw=True).all.inputs.astype(np.int64) - 1
+    symmetric = [bool(((row == 0) == (row[::-1] == 0)).all()) for row in q]
+    assert 0 < sum(symmetric) < 12, symmetric
+    with pytest.raises(ValueError, match="pattern='tidy': expected one of uniform, published"):
+        build_easy_sudoku(str(tmp_path / "x"), train=0, test=2, blanks=30, num_aug=0,
+                          pattern="tidy")  # fmt: skip

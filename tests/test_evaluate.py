@@ -252,12 +252,28 @@ def test_show_picks_the_puzzles_the_recursion_fixes():
     )
     text = render_text([boards[2], boards[0], boards[1], boards[3]], width=400)
     assert (
-        "test puzzle 2: wrong after ACT steps 1-2, solved at step 3 (3 steps; * = wrong cell)"
-        in text
+        "test puzzle 2: wrong after ACT steps 1-2, solved at step 3 (3 steps; * = wrong cell; "
+        "q: halt = the Q head would stop, not applied)" in text
     )
     assert "test puzzle 0: solved at ACT step 1 (3 steps" in text
     assert "test puzzle 1: solved at ACT step 1, wrong again at step 3 (3 steps" in text
     assert "test puzzle 3: not solved (3 steps" in text
+
+
+def test_board_labels_say_what_the_header_says_of_halting():
+    """Where the Q head says halt: without --halt (the header's "no halting") the label says the
+    Q head would stop there, not applied; with --halt, the step the row halted at; never a bare
+    "(halt)"."""
+    b = _board(0, [True, False, False])
+    b.halts = [False, True, True]
+    plain = render_text([b], width=400)
+    titles = [t.strip() for t in plain.splitlines()[1].split(" | ")]
+    assert titles == ["input", "step 1", "step 2 (q: halt)", "step 3 (q: halt)", "answer"]
+    halted = render_text([b], width=400, halting=True)
+    titles = [t.strip() for t in halted.splitlines()[1].split(" | ")]
+    assert titles == ["input", "step 1", "step 2 (halted)", "step 3", "answer"]
+    assert "halted = the row's answer" in halted.splitlines()[0]
+    assert "(halt)" not in plain + halted
 
 
 @pytest.mark.slow

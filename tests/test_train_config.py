@@ -11,7 +11,7 @@ import pathlib
 import jax
 import pytest
 
-from train.compose import CONFIG_DIR, load_config
+from train.compose import CONFIG_DIR, compose, load_config
 from train.errors import ConfigError
 from train.mesh import make_mesh, mesh_shape
 
@@ -144,6 +144,51 @@ def test_unknown_model_field_names_the_field():
     TRMConfig), with the close match."""
     with pytest.raises(ConfigError, match="hidden_sise.*did you mean 'hidden_size'"):
         load_config(["+experiment=trm_sudoku_tiny", "+model.hidden_sise=3"])
+
+
+def _error(overrides, **kw) -> str:
+    with pytest.raises(ConfigError) as e:
+        (compose if kw else load_config)(overrides, **kw)
+    return str(e.value)
+
+
+@pytest.mark.parametrize(
+    "key, close",
+    [
+        ("model.n_layr", "L_layers"),
+        ("trainer.steps", "max_steps"),
+        ("data.pth", "path"),
+        ("modl", "model"),
+    ],
+)
+def test_an_unknown_key_is_one_line_in_every_section(key, close):
+    """A misspelt key, given as an override or added with `+`, is the same one line: the key, a
+    close match and the section's keys; never Hydra's advice to add the typo with `+`."""
+    plain = _error(["+experiment=trm_sudoku_tiny", f"{key}=3"])
+    added = _error(["+experiment=trm_sudoku_tiny", f"+{key}=3"])
+    assert plain == added, (plain, added)
+    section, name = key.rpartition(".")[::2]
+    assert plain.startswith(f"{section or 'config'}: unknown key(s) ['{name}']"), plain
+    assert f"did you mean '{close}'?" in plain and " accepts [" in plain, plain
+    assert "+" not in plain and "\n" not in plain, plain
+
+
+def test_unknown_keys_under_hydra_and_lists():
+    """Hydra's own section gets the same line for a typo and keeps its `+key` advice for a key
+    that is really new (a free-form mapping: hydra.job.env_set); a list indexed by a name says
+    what its items are. One line each, no traceback."""
+    tiny = "+experiment=trm_sudoku_tiny"
+    typo = _error([tiny, "hydra.job.nme=1"], hydra_config=True)
+    assert typo.startswith("hydra.job: unknown key(s) ['nme'] ('nme' -> did you mean 'name'?)")
+    new = _error([tiny, "hydra.job.env_set.FOO=1"], hydra_config=True)
+    assert "To append to your config use +hydra.job.env_set.FOO=1" in new, new
+    compose([tiny, "+hydra.job.env_set.FOO=1"], hydra_config=True)  # as Hydra says
+    lst = _error([tiny, "mesh.rules.x=3"])
+    assert (
+        lst
+        == "config error: mesh.rules.x: mesh.rules is a list; its items are mesh.rules.0 to mesh.rules.0"
+    )
+    assert "+experiment=NAME" in _error(["model.n_layr=3"])
 
 
 def test_mesh_presets():

@@ -42,6 +42,28 @@ def _curve(run_dir):
     return [c[s] for s in sorted(c)]
 
 
+def test_each_evaluation_prints_its_sample_and_wandb_off_is_disabled(text_dir, tmp_path, capsys):
+    """The sample the config promises at each eval reaches the console: its first lines under
+    the eval line (the whole text in metrics.jsonl). logging.wandb=off is `disabled`."""
+    from train.metrics import TEXT_LINES, read_jsonl
+
+    out = str(tmp_path)
+    overrides = tiny_gpt_overrides(text_dir, out, "r", steps=2) + [
+        "data.sample_tokens=60", "trainer.eval_interval=1", "optim.warmup_iters=1",
+        "checkpoint.enabled=false", "logging.wandb=off",
+    ]  # fmt: skip
+    _run(overrides, 1)
+    console = capsys.readouterr().out
+    samples = [r for r in read_jsonl(os.path.join(out, "r", "metrics.jsonl")) if "eval/sample" in r]
+    assert [r["step"] for r in samples] == [1, 2]
+    assert not os.path.exists(os.path.join(out, "r", "wandb"))
+    for r in samples:
+        lines = [line for line in r["eval/sample"].splitlines() if line.strip()][:TEXT_LINES]
+        block = "\n".join(["  eval/sample:", *(f"    {line[:100]}" for line in lines)])
+        assert f"step {r['step']}: eval/val_loss " in console
+        assert block in console, console
+
+
 @pytest.mark.slow  # the default tier has the TRM twin (batch + carry sharding)
 def test_gpt_same_losses_on_1_and_8_devices_and_restored_on_2(text_dir, tmp_path):
     """Data parallel over 8 fake devices computes the 1-device run: same loss at every step. A

@@ -1,6 +1,7 @@
 """`python -m train.main` is a Hydra app: --help lists the config groups, --cfg job prints the
-composed config, a bad override is one line and exit 1, and -m sweeps run each job in its own run
-directory. Each test starts a fresh process (Hydra reads sys.argv)."""
+composed config, --info says what the run would do, a bad override is one line and exit 1, and -m
+sweeps run each job in its own run directory. Each test starts a fresh process (Hydra reads
+sys.argv)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pytest
 import yaml
 
 from tests.helpers import REPO, build_tiny_sudoku, losses, tiny_trm_overrides
+from train.compose import load_config
+from train.errors import ConfigError
 
 
 def _main(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -38,12 +41,44 @@ def test_cfg_job_prints_the_composed_experiment():
     assert "hydra" not in cfg
 
 
-def test_info_works_and_prints_each_line_once():
-    done = _main("--info")
+def test_hydra_info_works_and_prints_each_line_once():
+    done = _main("--info", "all")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Hydra" in done.stdout
     assert "Installed Hydra Plugins" not in done.stderr  # not also through the trainer's logger
     assert done.stdout.count("Installed Hydra Plugins") == 1
+
+
+def test_info_says_what_the_run_would_do(tmp_path):
+    """A bare --info: the experiment, family, mesh, data, steps and where the run writes, one
+    line each, from the validated config; nothing is built or written. A bad key is the run's
+    own one line."""
+    out = str(tmp_path / "out")
+    done = _main("+experiment=gpt_shakespeare_char_tiny", "--info", f"run.out_dir={out}",
+                 "data.path=nowhere", "trainer.max_steps=50")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == [
+        "experiment  gpt_shakespeare_char_tiny (configs/experiment/gpt_shakespeare_char_tiny.yaml)",
+        "family      gpt: model GPTConfig, optim GPTOptimConfig, data GPTDataConfig",
+        "mesh        cpu: data 1 x fsdp -1 x tensor 1 (-1: the devices left), params replicate",
+        "data        nowhere: built on first use by data.build=shakespeare_char",
+        "steps       301 (optim.max_iters=300 + 1, as nanoGPT's loop); stops at trainer.max_steps=50",
+        f"writes      {out}/gpt_shakespeare_char_tiny: config.yaml, metrics.jsonl, final.json, "
+        "checkpoints/",
+        "logging     metrics.jsonl; wandb auto",
+    ], done.stdout
+    assert done.stderr == "" and not os.path.exists(out)
+
+
+def test_a_typo_in_a_hydra_command_line_is_the_plain_runs_line():
+    """`--cfg job` (Hydra's own command line) composes its overrides as a plain run first: a
+    misspelt key is the same one line, not Hydra's block advising `+key`."""
+    overrides = ["+experiment=trm_sudoku_tiny", "model.n_layr=1"]
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides)
+    done = _main(*overrides, "--cfg", "job")
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == f"error: {e.value}\n", done.stderr
 
 
 def test_bad_override_is_one_line_and_exit_1(tmp_path):

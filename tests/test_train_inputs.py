@@ -376,6 +376,33 @@ def test_wandb_without_a_server_falls_back_to_offline_within_seconds(
     assert os.path.isdir(os.path.join(tmp_path, "wandb"))  # the offline run, for `wandb sync`
 
 
+def test_offline_wandb_is_one_line_of_ours_unless_asked(tmp_path, monkeypatch, capfd, caplog):
+    """logging.wandb=offline prints none of wandb's own lines (banner, sync hints, run summary),
+    only ours saying where the run is; WANDB_SILENT=false brings wandb's back."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    caplog.set_level(logging.INFO, logger="train.metrics")
+    cfg = OmegaConf.create({"logging": {"wandb": "offline", "project": "p", "jsonl": False}})
+    cfg.trainer = {"progress_bar": False}
+    import wandb
+
+    printed = {}
+    for silent in (None, "false"):
+        wandb.teardown()  # wandb keeps the first settings of a process: start each case afresh
+        if silent is None:
+            monkeypatch.delenv("WANDB_SILENT", raising=False)
+        else:
+            monkeypatch.setenv("WANDB_SILENT", silent)
+        logger = MetricLogger(str(tmp_path / str(silent)), cfg, "r", {"a": 1}, 10)
+        logger.write_now(1, {"eval/x": 1.0})
+        logger.close()
+        out, err = capfd.readouterr()
+        printed[silent] = [line for line in (out + err).splitlines() if "wandb" in line]
+    assert printed[None] == [], printed[None]
+    assert len(printed["false"]) > 3, printed["false"]  # wandb's own lines
+    ours = [r.getMessage() for r in caplog.records if r.getMessage().startswith("wandb: offline")]
+    assert ours == [f"wandb: offline, in {tmp_path / 'None'}/wandb (upload with `wandb sync`)"]
+
+
 @pytest.mark.slow
 def test_trm_run_ended_by_its_data_rerun_keeps_final_json(sudoku_dir, tmp_path, caplog):
     """TRM's data ends before upstream's step count (each iteration drops its partial batch: 40

@@ -4,8 +4,8 @@
     python -m train.aot +experiment=gpt2_124m mesh=v4-64 --json gpt2_aot.json
     python -m train.aot +experiment=trm_sudoku mesh=v4-64 --topology v6e-32   # another 32-chip slice
 
-Same Hydra configs and overrides as `python -m train.main`. libtpu (`pip install
-'jax[tpu]==0.10.2'`, or just the `libtpu==0.0.42.*` wheel) describes the slice's topology —
+Same Hydra configs and overrides as `python -m train.main`. libtpu (this project's `tpu` extra:
+`pip install -e '.[tpu]'`) describes the slice's topology —
 32 abstract TPU v4 chips in a 2x4x4 block, 8 processes of 4 — without any TPU attached; the trainer
 builds the configured mesh over those abstract devices, its step with the real shardings and
 donation (`train.jit.build_train_step`), and XLA's TPU compiler compiles it exactly as on the pod.
@@ -22,9 +22,12 @@ That gives, before paying for a slice:
   analysis counts the body of a while loop (lax.scan, fori_loop) once however often it runs, so
   the report says how many loops the program has.
 
+The command prints the prediction and the memory per chip in words (`format_summary`); `--verbose`
+prints every term (`format_report`).
+
 Everything here except `topology_devices`/`main` also works on CPU-compiled steps (tests use 8
 fake CPU devices): `count_collectives`, `count_loops`, `count_conditionals`, `memory_stats`,
-`cost_stats`, `format_report`.
+`cost_stats`, `format_report`, `format_summary`.
 """
 
 from __future__ import annotations
@@ -411,6 +414,37 @@ def format_report(r: AOTReport) -> str:
     return "\n".join(lines)
 
 
+def _size(n: float) -> str:
+    """888 MiB, 1.4 GiB, 32 GiB: three significant digits."""
+    return f"{n / GiB:.3g} GiB" if abs(n) >= GiB else f"{n / 2**20:.3g} MiB"
+
+
+def format_summary(r: AOTReport) -> str:
+    """The report in words (the command's default output; `format_report` is --verbose's):
+    the predicted step time and MFU, the memory per chip, whether it fits."""
+    m = r.memory
+    source = {"compiler": "XLA's cost model", "roofline": "the roofline of XLA's counts"}
+    lines = [f"{r.name} on a {r.topology} ({r.num_devices} devices), compiled in "
+             f"{r.lower_seconds + r.compile_seconds:.0f} s:"]  # fmt: skip
+    t = r.predicted_step_seconds
+    if t is not None:
+        lines.append(
+            f"  {source[r.prediction_source]} predicts {_ms(t)} per step on a {r.topology} "
+            f"({100 * r.predicted_mfu:.1f}% MFU): a prediction until a TPU measures it"
+        )
+        if r.prediction_source == "roofline":
+            lines.append(f"  (the compiler's own estimate does not cover this step: {_why_not(r)})")
+        if r.loops:
+            lines.append(f"  {r.loops} loop(s): each body counted once, so the step takes longer")
+    fits = "fits" if r.fits else "DOES NOT FIT"
+    lines.append(f"  {_size(m.required)} of {_size(r.hbm_bytes)} per chip: {fits}")
+    gathered = {k: v for k, v in r.collectives.items() if v}
+    if gathered:
+        lines.append("  collectives: " + ", ".join(f"{v} {k}" for k, v in gathered.items()))
+    lines.append("  --verbose: memory by kind, XLA's counts and the terms of the prediction")
+    return "\n".join(lines)
+
+
 def compile_step(jitted, abstract_args, mesh):
     """-> (compiled, lower seconds, compile seconds)."""
     t0 = time.perf_counter()
@@ -461,10 +495,13 @@ def analyze(
 def _quiet_libtpu(topology: str) -> None:
     # Off a TPU VM libtpu would query the GCE metadata server (and warn) and take
     # /tmp/libtpu_lockfile, which makes a second process (pytest -n 2) fail to load it. Without an
-    # accelerator type it warns that it cannot find the host bounds.
+    # accelerator type it warns that it cannot find the host bounds; without worker hostnames it
+    # takes its own warning for a hostname and logs an INVALID_ARGUMENT error: a compile here is
+    # local, its one worker this machine.
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", topology.replace("v5e", "v5litepod"))
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 
 
 def topology_devices(topology: str = "v4-64"):
@@ -472,9 +509,10 @@ def topology_devices(topology: str = "v4-64"):
     if topology not in TOPOLOGIES:
         raise ValueError(f"--topology {topology!r}: expected one of {sorted(TOPOLOGIES)}")
     if importlib.util.find_spec("libtpu") is None:
-        raise RuntimeError(
-            "libtpu is not importable: pip install 'jax[tpu]==<your jax version>' "
-            "(for jax 0.10.2: pip install 'libtpu==0.0.42.*')"
+        raise ConfigError(
+            "libtpu is not importable: install this project's tpu extra, pip install -e '.[tpu]' "
+            f"(jax[tpu], the libtpu of jax {jax.__version__}), or pip install "
+            f"'jax[tpu]=={jax.__version__}'"
         )
     _quiet_libtpu(topology)  # before libtpu loads (get_topology_desc)
     spec = TOPOLOGIES[topology]
@@ -488,11 +526,24 @@ def topology_devices(topology: str = "v4-64"):
     return list(desc.devices)
 
 
+def _name(overrides: Sequence[str], cfg) -> str:
+    """The experiment the overrides name, else the config's task."""
+    return next(
+        (o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("experiment=")),
+        cfg.task,
+    )
+
+
 def aot_compile(
-    overrides: Sequence[str], *, topology: str = "v4-64", hbm_bytes: int | None = None
+    overrides: Sequence[str],
+    *,
+    topology: str = "v4-64",
+    hbm_bytes: int | None = None,
+    announce: bool = False,
 ) -> AOTReport:
     """Compose the config, build the real step on the topology's mesh, compile, analyse.
-    `hbm_bytes`: what the step must fit in per device (default: the slice's chip)."""
+    `hbm_bytes`: what the step must fit in per device (default: the slice's chip). `announce`:
+    print a line saying what is compiled, before the compile."""
     cfg = load_config(list(overrides))  # exactly as train.main composes and validates it
     # as the trainer does on the slice (every slice in TOPOLOGIES is a TPU), before libtpu loads
     family(cfg.task).task.check_backend(cfg, "tpu")
@@ -501,17 +552,20 @@ def aot_compile(
     mesh = mesh_lib.make_mesh(cfg.mesh, devices=devices)
     batch = {"trainer.global_batch_size": int(cfg.trainer.global_batch_size)}
     mesh_lib.check_batch_divisible(mesh, cfg.mesh.rules, batch)  # the trainer's line, not JAX's
+    if announce:
+        print(
+            f"train.aot: compiling {_name(overrides, cfg)}'s train step for a {topology} "
+            f"({len(devices)} devices) with XLA's TPU compiler on this CPU: minutes for a "
+            "production model",
+            flush=True,
+        )
     # as train.trainer.train (x64 on when needed); need_data=False: sizes that come from the dataset (vocab, seq_len, ids) come from the config
     task = make_task(cfg, mesh, need_data=False)
     jitted, abstract_args = build_train_step(cfg, mesh, task=task)
     compiled, t_lower, t_compile = compile_step(jitted, abstract_args, mesh)
-    experiment = next(
-        (o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("experiment=")),
-        cfg.task,
-    )
     return analyze(
         compiled,
-        name=experiment,
+        name=_name(overrides, cfg),
         topology=topology,
         mesh=mesh,
         flops_per_step=task.flops_per_step,
@@ -544,6 +598,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--topology", default="v4-64", choices=sorted(TOPOLOGIES))
     p.add_argument("--json", help="also write the report as JSON to this path")
+    p.add_argument("--verbose", action="store_true",
+                   help="the whole report: memory by kind, XLA's counts, the prediction's terms")  # fmt: skip
     p.add_argument(
         "--hbm-gib",
         type=float,
@@ -556,7 +612,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"unknown option(s) {bad}")
     try:
         hbm = None if args.hbm_gib is None else int(args.hbm_gib * GiB)
-        report = aot_compile(overrides, topology=args.topology, hbm_bytes=hbm)
+        report = aot_compile(overrides, topology=args.topology, hbm_bytes=hbm, announce=True)
     except ConfigError as e:  # one line naming the key
         print(f"train.aot: {e}", file=sys.stderr)
         return 1
@@ -564,7 +620,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"train.aot: {type(e).__name__}: {e}", file=sys.stderr)
         print(f"train.aot: {_explain_failure(str(e))}", file=sys.stderr)
         return 1
-    print(format_report(report))
+    print(format_report(report) if args.verbose else format_summary(report))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report.to_json(), f, indent=2)

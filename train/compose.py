@@ -15,9 +15,10 @@ import re
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigAttributeError, OmegaConfBaseException
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from train import config as config_lib
 from train import families
@@ -51,9 +52,11 @@ def register_schema() -> None:
             store.store(group=section, name=f"{name}_defaults", node=node)
 
 
-def compose(overrides: list[str], config_dir: str = CONFIG_DIR):
+def compose(overrides: list[str], config_dir: str = CONFIG_DIR, *, hydra_config: bool = False):
     """`load_config` without the validation: for a caller that completes the config first (a
-    weights file's architecture, train/source.py) and then validates it once."""
+    weights file's architecture, train/source.py) and then validates it once. `hydra_config`:
+    with Hydra's own `hydra` section, so `hydra.*` overrides apply (train.main checks a Hydra
+    command line's overrides so)."""
     register_schema()
     for o in overrides:  # Hydra's grammar error names neither the override nor the fix
         key = o.split("=", 1)[0]
@@ -64,29 +67,37 @@ def compose(overrides: list[str], config_dir: str = CONFIG_DIR):
                 f'quotes and commas need quoting); quote it: "{override(key, value)}"'
             )
     try:
-        with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
-            cfg = hydra_compose(config_name="config", overrides=list(overrides))
-    except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(composition_error(e)) from e
+        cfg = _compose(overrides, config_dir, hydra_config)
+    except (HydraException, OmegaConfBaseException, ValueError) as e:
+        # ValueError: OmegaConf's, for a list indexed by a key that is not a number
+        raise ConfigError(composition_error(e, overrides, config_dir, hydra_config)) from e
     OmegaConf.set_struct(cfg, True)
     return cfg
 
 
-def composition_error(e: BaseException) -> str:
+def _compose(overrides, config_dir: str, hydra_config: bool):
+    with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+        return hydra_compose(
+            config_name="config", overrides=list(overrides), return_hydra_config=hydra_config
+        )
+
+
+def composition_error(e: BaseException, overrides=(), config_dir: str = CONFIG_DIR,
+                      hydra_config: bool = False) -> str:  # fmt: skip
     """One line for a Hydra / OmegaConf composition error: Hydra's own message says only "Error
-    merging override X=Y"; the reason (the value, the expected type, the key) is in its cause."""
+    merging override X=Y"; the reason (the value, the expected type, the key) is in its cause. An
+    unknown key is the line every section's unknown key gets (`unknown_key_line`)."""
     root = e
     while root.__cause__ is not None:
         root = root.__cause__
     lines = [ln.strip() for ln in str(root).splitlines() if ln.strip()]
     key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("full_key:")), "")
     reason = lines[0] if lines else type(root).__name__
-    if isinstance(root, ConfigAttributeError) and key:  # an unknown key of a trainer section
-        cls = config_lib.section_of(key)
-        if cls is not None:
-            section, name = key.rsplit(".", 1)
-            known = {f.name for f in dataclasses.fields(cls)}
-            return config_lib.unknown_keys_message(section, [name], known, cls.__name__)
+    unknown = isinstance(root, ConfigAttributeError | ConfigKeyError) and bool(key)
+    if unknown or type(root) is ValueError:
+        line = unknown_key_line(key, overrides, config_dir, hydra_config)
+        if line is not None:
+            return line
     top = one_line(e, limit=10_000)
     if "interpolation '${experiment}'" in top:  # mesh=v4-64 reads configs/tpu/<experiment>.yaml
         return "config error: no experiment given: did you forget +experiment=NAME (configs/experiment/)?"
@@ -119,12 +130,79 @@ _UNPARSED = object()
 
 def _parsed(text: str):
     """The value Hydra's override grammar reads from `key=value` (_UNPARSED when it does not)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     try:
         return OverridesParser.create().parse_override(text).value()
     except HydraException:
         return _UNPARSED
+
+
+def unknown_key_line(key: str, overrides=(), config_dir: str = CONFIG_DIR,
+                     hydra_config: bool = False) -> str | None:  # fmt: skip
+    """The one line of an override whose key the config does not have: the section, the key, a
+    close match and the section's keys (train.config.unknown_keys_message, as the validation says
+    it of a key added with `+`), or the list it indexes with a name. `key` "" (OmegaConf's
+    ValueError names none): the first override that is such a key. None when the key is new under
+    a free-form mapping (Hydra's own "+key" advice then stands)."""
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    given = [o.key_or_group for o in parsed if not o.is_add() and not o.is_force_add()]
+    # the config's shape without the dotted overrides (their values do not change it)
+    base = [o.input_line for o in parsed if "." not in o.key_or_group and o.key_or_group != key]
+    try:
+        cfg = _compose(base, config_dir, hydra_config)
+    except (HydraException, OmegaConfBaseException, ValueError):  # a config file's own key
+        try:
+            cfg = _compose([], config_dir, hydra_config)
+        except (HydraException, OmegaConfBaseException, ValueError):
+            return None
+    for k in [key] if key else given:
+        line = _missing_key_line(cfg, k)
+        if line is not None:
+            return line
+    return None
+
+
+def _missing_key_line(cfg, key: str) -> str | None:
+    """`unknown_key_line`'s answer for `key` in `cfg`; None when `cfg` has it or takes it."""
+    node, parent = cfg, ""
+    for part in key.split("."):
+        if isinstance(node, ListConfig):
+            if part.isdigit() and int(part) < len(node):
+                node, parent = node[int(part)], f"{parent}.{part}"
+                continue
+            return (
+                f"config error: {key}: {parent} is a list; its items are {parent}.0 to "
+                f"{parent}.{len(node) - 1}"
+            )
+        if not isinstance(node, DictConfig):
+            return None
+        if part not in node:
+            known, owner = _known_keys(cfg, parent)
+            if known is None:
+                return None
+            if owner is None:
+                return (
+                    f"config error: {key}: the {parent} section's keys come with the model family; "
+                    "did you forget +experiment=NAME (configs/experiment/)?"
+                )
+            return config_lib.unknown_keys_message(parent or "config", [part], known, owner)
+        node, parent = node[part], f"{parent}.{part}".lstrip(".")
+    return None
+
+
+def _known_keys(cfg, parent: str) -> tuple[set | None, str | None]:
+    """(the keys section `parent` takes, who says so); (None, None) for a free-form mapping, and
+    (set(), None) for a family's section without a family (no experiment)."""
+    if parent in ("model", "data", "optim"):  # the family's sections: its dataclasses
+        task = OmegaConf.select(cfg, "task", throw_on_missing=False)
+        if task is None:
+            return set(), None
+        cls = family(task).task.config_sections[parent][0]
+        return {f.name for f in dataclasses.fields(cls)}, cls.__name__
+    cls = OmegaConf.get_type(OmegaConf.select(cfg, parent) if parent else cfg)
+    if not dataclasses.is_dataclass(cls):
+        return None, None
+    names = {f.name for f in dataclasses.fields(cls)}
+    return names, ("the top level" if not parent else cls.__name__)
 
 
 def load_run_config(text: str, overrides=()):

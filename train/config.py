@@ -28,6 +28,9 @@ from train import xla_flags
 from train.compilation_cache import DEFAULT_DIR, DEFAULT_MIN_COMPILE_SECS
 from train.errors import ConfigError
 
+# logging.wandb: off is disabled under the name the `logging=off` group has
+WANDB_MODES = ("auto", "online", "offline", "disabled", "off")
+
 # trainer.on_nonfinite: what a step with a non-finite loss or gradient norm does (train/nonfinite.py)
 NONFINITE_MODES = ("stop", "skip")
 
@@ -104,7 +107,8 @@ class MeshConfig:
 
 @dataclass
 class LoggingConfig:
-    wandb: str = "auto"  # auto (online with an API key, else offline) | online | offline | disabled
+    # auto (online with an API key, else offline) | online | offline | disabled (or off)
+    wandb: str = "auto"
     project: str = "trm-jax-port"
     jsonl: bool = True  # <run dir>/metrics.jsonl, always written by process 0 unless disabled
 
@@ -282,9 +286,9 @@ def validate(cfg: DictConfig) -> None:
     xla_flags.parse(cfg.run.xla_flags)
     _check_trainer(cfg.trainer)
     _check_mesh(cfg.mesh)
-    if cfg.logging.wandb not in ("auto", "online", "offline", "disabled"):
+    if cfg.logging.wandb not in WANDB_MODES:
         raise ConfigError(
-            f"logging.wandb must be auto|online|offline|disabled, got {cfg.logging.wandb!r}"
+            f"logging.wandb must be {'|'.join(WANDB_MODES)}, got {cfg.logging.wandb!r}"
         )
     c = cfg.checkpoint
     _positive(c.interval, "checkpoint.interval", allow_zero=True)
@@ -324,12 +328,6 @@ def _check_known_keys(cfg) -> None:
         extra = sorted(set(cfg[name].keys()) - names)
         if extra:
             raise ConfigError(unknown_keys_message(name, extra, names, cls.__name__))
-
-
-def section_of(full_key: str):
-    """The schema dataclass of a trainer section (`trainer.foo` -> TrainerConfig), or None."""
-    head = full_key.split(".", 1)[0]
-    return dict(_SECTIONS).get(head)
 
 
 def _check_trainer(t) -> None:

@@ -2,9 +2,11 @@
 
 A plain run composes its config once with Hydra's compose API (train/compose.py), validates it
 once, and calls the trainer. Hydra's own command line works too, through `@hydra.main`: `--help`
-(config groups), `--cfg job` (the composed config), `--info`, `hydra.*` overrides, and `-m`
-sweeps (`-m +experiment=NAME optim.lr=1e-4,3e-4`: Hydra's basic launcher runs the jobs one after
-the other in this process, each in its own run directory `<run.name>-<job num>`). Before a sweep
+(config groups), `--cfg job` (the composed config), `--info TOPIC` (a bare `--info` is
+train/info.py's summary of the run), `hydra.*` overrides, and `-m` sweeps (`-m +experiment=NAME
+optim.lr=1e-4,3e-4`: Hydra's basic launcher runs the jobs one after the other in this process,
+each in its own run directory `<run.name>-<job num>`). Such a command line's overrides are
+composed as a plain run's first, so a bad one is the same one line. Before a sweep
 starts, every job's config is composed and validated, so a bad value in the last job is one line
 before the first job runs. Hydra writes nothing but a sweep's multirun.yaml and does not change
 directory (configs/config.yaml's `hydra:` section).
@@ -19,11 +21,13 @@ composes the same config: no per-process directory.
 from __future__ import annotations
 
 import contextlib
+import io
 import itertools
 import logging
 import sys
 
 import hydra
+from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
@@ -33,7 +37,7 @@ from omegaconf import OmegaConf
 from parity.backend import keep_cpu_step_buffers
 from train import gcs, xla_flags
 from train.compilation_cache import log_compilation_cache_stats, setup_compilation_cache
-from train.compose import CONFIG_DIR, load_config, register_schema, validate
+from train.compose import CONFIG_DIR, compose, load_config, register_schema, validate
 from train.distributed import initialize, quiet_tpu_probe
 from train.errors import (
     EXIT_DISK_FULL,
@@ -43,6 +47,7 @@ from train.errors import (
     is_disk_full,
     one_line,
 )
+from train.info import describe, info_overrides
 from train.memory import out_of_memory_line
 from train.mesh import make_mesh
 from train.nonfinite import NonfiniteError
@@ -77,6 +82,25 @@ def sweep_jobs(args: list[str]) -> list[list[str]]:
         else:
             raise ConfigError(f"{key}: only comma lists sweep here (got {o.value_type.name})")
     return [list(job) for job in itertools.product(*choices.values())]
+
+
+def check_hydra_overrides(args: list[str]) -> None:
+    """Composes the overrides of a command line for Hydra's own app (`--cfg job`, `hydra.*` keys)
+    as a plain run does, so a bad key or value is the plain run's one line (ConfigError) instead
+    of Hydra's block; a line Hydra parses otherwise (a sweep, another config directory, its help)
+    is left to Hydra."""
+    if "--version" in args:  # argparse would print it here, and Hydra again
+        return
+    with contextlib.redirect_stderr(io.StringIO()):  # argparse's usage on a line Hydra refuses
+        try:
+            a, _ = get_args_parser().parse_known_args(args)
+        except SystemExit:
+            return
+    if a.help or a.hydra_help or a.multirun or a.shell_completion or a.experimental_rerun:
+        return
+    if a.config_path or a.config_name or a.config_dir:
+        return
+    compose(a.overrides, hydra_config=True)
 
 
 @contextlib.contextmanager
@@ -141,6 +165,13 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     register_schema()  # base_config and the families' defaults, before anything composes
     cfg, cpu_heap = None, []
+    info = info_overrides(args)
+    if info is not None:  # `--info` without a topic: what the run would do (train/info.py)
+        try:
+            print("\n".join(describe(info)))
+        except ConfigError as e:
+            exit_with(e)
+        return
     try:  # Hydra's own composition errors span several lines; ours are one line
         if _is_plain(args):
             cfg = load_config(args)
@@ -154,6 +185,8 @@ def main(argv: list[str] | None = None) -> None:
                 cpu_heap.append(job_cfg.run.cpu_heap)
             except ConfigError as e:
                 raise ConfigError(f"sweep job {n} ({' '.join(job)}): {e}") from e
+        if not _is_plain(args):
+            check_hydra_overrides(args)
     except ConfigError as e:
         exit_with(e)
     xla_flags.log_applied()
@@ -167,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
         with one_run(cfg):
             train(cfg, make_mesh(cfg.mesh))
         return
-    if any(a == "--info" or a.startswith("--info=") for a in args):
+    if any(a in ("--info", "-i") or a.startswith("--info=") for a in args):
         # Hydra's --info gives the root logger a stdout handler of its own: ours would print
         # every line a second time
         logging.getLogger().handlers.clear()

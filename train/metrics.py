@@ -171,7 +171,7 @@ class MetricLogger:
         mode = cfg.logging.wandb
         if mode == "auto":
             mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
-        if os.environ.get("WANDB_MODE") == "disabled":
+        if os.environ.get("WANDB_MODE") == "disabled" or mode == "off":
             mode = "disabled"
         if mode != "disabled":
             # A fixed id + resume="allow": a resumed run appends to the same wandb run.
@@ -227,13 +227,16 @@ class MetricLogger:
 
     def _console(self, record):
         keys = [k for k in self.console_metrics if k in record]
-        parts = []
+        parts, blocks = [], []
         for k in keys:
             v = record[k]
-            parts.append(
-                f"{k} {v:.4g}" if isinstance(v, float) and math.isfinite(v) else f"{k} {v}"
-            )
-        text = f"step {record['step']}: " + ", ".join(parts)
+            if isinstance(v, str):  # a text (GPT's sample): its first lines, under the line
+                blocks.append(text_block(k, v))
+            else:
+                parts.append(
+                    f"{k} {v:.4g}" if isinstance(v, float) and math.isfinite(v) else f"{k} {v}"
+                )
+        text = "\n".join([f"step {record['step']}: " + ", ".join(parts), *blocks])
         if self.bar is not None:
             self.bar.n = record["step"]
             self.bar.set_postfix_str(", ".join(parts), refresh=True)
@@ -250,6 +253,17 @@ class MetricLogger:
             self.jsonl.close()
         if self.wandb_run is not None:
             self.wandb_run.finish()
+
+
+# A text metric on the console: at most this many of its lines, each cut to this width
+TEXT_LINES, TEXT_WIDTH = 6, 100
+
+
+def text_block(key: str, text: str) -> str:
+    """`key` and the first TEXT_LINES non-empty lines of `text`, indented, each cut to
+    TEXT_WIDTH characters (the whole text is in metrics.jsonl)."""
+    lines = [line[:TEXT_WIDTH] for line in text.splitlines() if line.strip()][:TEXT_LINES]
+    return "\n".join([f"  {key}:", *(f"    {line}" for line in lines)])
 
 
 def read_jsonl(path) -> list[dict]:
@@ -310,6 +324,11 @@ def init_wandb(mode: str, **kwargs):
             kwargs.get("dir"),
         )
         mode = "offline"
+    if mode == "offline" and "WANDB_SILENT" not in os.environ:
+        # wandb's own lines (its banner, sync hints, a run summary at the end) stay out of the
+        # log: one line of ours says where the run is; WANDB_SILENT=false shows them
+        log.info("wandb: offline, in %s/wandb (upload with `wandb sync`)", kwargs.get("dir"))
+        kwargs["settings"] = wandb.Settings(silent=True)
     return wandb.init(mode=mode, **kwargs)
 
 

@@ -121,6 +121,16 @@ class Task:
         raise NotImplementedError
 
     @classmethod
+    def planned_steps(cls, cfg) -> str:
+        """The optimiser steps the run's schedule takes, in words, from the config alone (and a
+        data set's metadata where it is on disk): `python -m train.main --info`. Default:
+        trainer.total_steps."""
+        n = cfg.trainer.total_steps
+        return (
+            f"{n} (trainer.total_steps)" if n else "the family's schedule (trainer.total_steps=0)"
+        )
+
+    @classmethod
     def needs_x64(cls, cfg) -> bool:
         """Whether this run computes in float64 somewhere, so jax x64 must be on before the first
         trace (train.families.make_task switches it, process-wide)."""

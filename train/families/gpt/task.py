@@ -43,7 +43,7 @@ from train.task import Task, record_in_config
 
 class GPTTask(Task):
     items_name = "tokens"
-    console_metrics = ("train/loss", "eval/val_loss")
+    console_metrics = ("train/loss", "eval/val_loss", "eval/sample")
     # optim.adamw_flat lays Adam's moments out as one vector: a checkpoint holds one layout
     resume_keys = ("optim.adamw_flat",)
     resume_free_keys = ("model.dropout", "model.attention_impl", "model.cross_entropy_impl")
@@ -66,6 +66,13 @@ class GPTTask(Task):
             raise ConfigError("optim.lr_decay_iters must be >= optim.warmup_iters")
         if cfg.trainer.eval_interval and cfg.trainer.eval_iters == 0:
             raise ConfigError("trainer.eval_iters must be > 0 when trainer.eval_interval > 0")
+
+    @classmethod
+    def planned_steps(cls, cfg) -> str:
+        if cfg.trainer.total_steps:
+            return super().planned_steps(cfg)
+        iters = {**dataclasses.asdict(GPTOptimConfig()), **cfg.optim}["max_iters"]
+        return f"{iters + 1} (optim.max_iters={iters} + 1, as nanoGPT's loop)"
 
     def __init__(self, cfg, mesh, *, need_data: bool = True):
         self.cfg, self.mesh = cfg, mesh

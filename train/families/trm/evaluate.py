@@ -120,17 +120,18 @@ class TRMEvaluation(Evaluation):
         if note:
             print()
             print(note)
+        halting = report["halt"]
         if boards:
             print()
-            print(render_text(boards))
+            print(render_text(boards, halting=halting))
         path = options.get("plot")
         if path:
             save_accuracy_plot(report["per_step"], report["halt_max_steps"], path, report["source"])
             print(f"wrote {path}")
             if boards:
                 stem = os.path.splitext(path)[0]
-                print(f"wrote {save_png(boards, stem + '_show.png')}")
-                print(f"wrote {save_gif(boards, stem + '_show.gif')}")
+                print(f"wrote {save_png(boards, stem + '_show.png', halting)}")
+                print(f"wrote {save_gif(boards, stem + '_show.gif', halting)}")
 
 
 def sudoku_csv_dataset(csv_path: str, out_dir: str) -> str:

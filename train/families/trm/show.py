@@ -3,7 +3,7 @@
 
     boards = puzzle_boards(inputs_l, labels_l, step_preds_sl, step_halts_s, seq_len, vocab, rows)
     boards, note = shown(boards, n)     # those the recursion fixes first; a note when too few
-    print(render_text(boards))          # the terminal: input | step 1 | ... | step S | answer
+    print(render_text(boards, halting=False))  # input | step 1 | ... | step S | answer
     save_png(boards, "show.png")        # one row per puzzle, one column per board (matplotlib)
     save_gif(boards, "show.gif")        # one frame per ACT step
 
@@ -160,16 +160,32 @@ def _titled(title: str, lines: list[str]) -> list[str]:
     return [title.ljust(width)] + [x.ljust(width) for x in lines]
 
 
-def render_text(boards: list[Board], width: int | None = None) -> str:
+def halt_mark(b: Board, s: int, halting: bool) -> str:
+    """What step `s`'s title says of the Q head: with halting on (`--halt`), "halted" at the
+    step the row stops at; without, "q: halt" where the Q head says halt, which is not applied."""
+    if not b.halts[s]:
+        return ""
+    if not halting:
+        return "q: halt"
+    return "halted" if s == b.halts.index(True) else ""
+
+
+def render_text(boards: list[Board], width: int | None = None, halting: bool = False) -> str:
     """input | step 1 .. step S | answer, side by side (wrapped to the terminal width);
-    `*` marks a wrong cell, `(halt)` the steps where the Q head says halt."""
+    `*` marks a wrong cell, `halt_mark` the Q head's halting."""
     width = width or shutil.get_terminal_size((120, 24)).columns
+    legend = (
+        "halted = the row's answer" if halting else "q: halt = the Q head would stop, not applied"
+    )
     out = []
     for b in boards:
-        out.append(f"test puzzle {b.row}: {b.status()} ({len(b.steps)} steps; * = wrong cell)")
+        out.append(
+            f"test puzzle {b.row}: {b.status()} ({len(b.steps)} steps; * = wrong cell; {legend})"
+        )
         panels = [_titled("input", _grid_lines(b.kind, b.inputs))]
         for s in range(len(b.steps)):
-            title = f"step {s + 1}" + (" (halt)" if b.halts[s] else "")
+            mark = halt_mark(b, s, halting)
+            title = f"step {s + 1}" + (f" ({mark})" if mark else "")
             panels.append(_titled(title, _grid_lines(b.kind, b.steps[s], b.wrong(s))))
         panels.append(_titled("answer", _grid_lines(b.kind, b.answer)))
         out.extend(_side_by_side(panels, width))
@@ -223,7 +239,7 @@ def _draw(ax, b: Board, grid: np.ndarray, wrong: np.ndarray | None, title: str) 
     ax.set_yticks([])
 
 
-def _figure(plt, boards: list[Board], step: int | None):
+def _figure(plt, boards: list[Board], step: int | None, halting: bool):
     """All boards (step None) or one step's frame: input | step(s) | answer per puzzle."""
     steps = range(len(boards[0].steps)) if step is None else [step]
     cols = len(steps) + 2
@@ -233,29 +249,30 @@ def _figure(plt, boards: list[Board], step: int | None):
     for i, b in enumerate(boards):
         _draw(axes[i][0], b, b.inputs, None, "input")
         for j, s in enumerate(steps):
-            title = f"step {s + 1}" + (" halt" if b.halts[s] else "")
+            mark = halt_mark(b, s, halting)
+            title = f"step {s + 1}" + (f" ({mark})" if mark else "")
             _draw(axes[i][j + 1], b, b.steps[s], b.wrong(s), title)
         _draw(axes[i][-1], b, b.answer, None, "answer")
     fig.tight_layout()
     return fig
 
 
-def save_png(boards: list[Board], path: str) -> str:
+def save_png(boards: list[Board], path: str, halting: bool = False) -> str:
     plt = _pyplot()
-    fig = _figure(plt, boards, None)
+    fig = _figure(plt, boards, None, halting)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
 
 
-def save_gif(boards: list[Board], path: str) -> str:
+def save_gif(boards: list[Board], path: str, halting: bool = False) -> str:
     """One frame per ACT step (input | prediction | answer for every puzzle)."""
     plt = _pyplot()
     from PIL import Image  # matplotlib's own dependency
 
     frames = []
     for s in range(len(boards[0].steps)):
-        fig = _figure(plt, boards, s)
+        fig = _figure(plt, boards, s, halting)
         fig.canvas.draw()
         frames.append(Image.fromarray(np.asarray(fig.canvas.buffer_rgba())[..., :3]))
         plt.close(fig)

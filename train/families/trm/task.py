@@ -92,6 +92,20 @@ class TRMTask(Task):
             raise ConfigError("trainer: TRM needs trainer.epochs (or trainer.total_steps) > 0")
 
     @classmethod
+    def planned_steps(cls, cfg) -> str:
+        t = cfg.trainer
+        if t.total_steps:
+            return super().planned_steps(cfg)
+        path = cfg.data.get("path", "")
+        epochs = f"trainer.epochs={t.epochs} over the data set at batch {t.global_batch_size}"
+        if not os.path.isfile(os.path.join(path, "train", "dataset.json")):
+            return f"{epochs}: counted once the data set is built"
+        s = data_sizes(path)
+        n = schedule_steps(t.epochs, s["total_groups"], s["mean_puzzle_examples"],
+                           t.global_batch_size)  # fmt: skip
+        return f"{n} ({epochs}: {s['total_groups']} puzzles, as upstream)"
+
+    @classmethod
     def needs_x64(cls, cfg) -> bool:
         """Upstream's float64 stablemax loss (model.loss_dtype, float64 by default) needs jax
         x64; every other TRM dtype is set explicitly."""
