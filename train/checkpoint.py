@@ -40,6 +40,18 @@ log = logging.getLogger(__name__)
 _METADATA_LIMIT = 64 << 20
 
 
+def _forget_bucket_listings(directory) -> None:
+    """gcsfs keeps the folder listings it read; a reader of a live run must see the steps written
+    since (an in-flight step's empty meta/ listed once reads as "not found" ever after)."""
+    if is_local(str(directory)):
+        return
+    with suppress(ImportError):
+        import gcsfs
+
+        for fs in list(gcsfs.GCSFileSystem._cache.values()):  # every client etils made
+            fs.invalidate_cache()
+
+
 def _vanished(e: BaseException) -> bool:
     """Whether `e` (or its cause) says a file or directory is not there (any more)."""
     while e is not None:
@@ -52,6 +64,10 @@ def _vanished(e: BaseException) -> bool:
 def _is_metadata(name: str) -> bool:
     return name in ("metadata", "_CHECKPOINT_METADATA", "_METADATA") or name.endswith(".json")
 
+
+# What Orbax logs of a live trainer's step that is still being written (or removed): no news to a
+# reader, which reads only committed steps
+_IN_FLIGHT = ("Metadata file does not exist", "Failed to read Metadata file")
 
 # How often a reader lists the steps again when a live trainer removed the one it was reading
 _RELISTS = 5
@@ -108,9 +124,10 @@ class Checkpointer:
 
     def _make_manager(self):
         if self.read_only:
+            _forget_bucket_listings(self.directory)
             # what was asked (read_only), and a live trainer's step whose metadata it has not
             # written yet: no news to a reader
-            with _absl_dropped("Given directory is read only", "Metadata file does not exist"):
+            with _absl_dropped("Given directory is read only", *_IN_FLIGHT):
                 return ocp.CheckpointManager(
                     self.directory,
                     item_names=("state", "data", "meta"),
@@ -204,10 +221,14 @@ class Checkpointer:
         for attempt in range(_RELISTS):
             if attempt:
                 self._while_steps_vanish(self._reload)  # the steps on disk now
-            todo = sorted(self.manager.all_steps() if asked is None else asked, reverse=True)
+            listed = self.manager.all_steps() if asked is None else asked
+            todo = sorted((s for s in listed if self._committed(s)), reverse=True)
             found, damaged, removed = self._restore_first(
                 todo, abstract_state, data_iter, check_meta
             )
+            if not todo and listed:  # a live trainer's first step, still being written
+                removed = [min(listed)]
+                time.sleep(0.1 * (attempt + 1))
             if not removed or found is not None:
                 break
             log.info(
@@ -224,6 +245,11 @@ class Checkpointer:
             if not self.read_only:
                 self._move_aside(damaged)
             return found
+        if self.read_only and not damaged and listed:
+            raise ConfigError(
+                f"no checkpoint in {self.directory} is committed yet (step "
+                f"{', '.join(map(str, sorted(listed)))} is still being written by its trainer)"
+            )
         if damaged and self.read_only:  # nothing to move, the warnings say why
             raise ConfigError(
                 f"no checkpoint of {', '.join(map(str, damaged))} in {self.directory} restores "
@@ -238,8 +264,30 @@ class Checkpointer:
             )
         return None
 
+    def _committed(self, step: int) -> bool:
+        """Whether `step` is a whole checkpoint to a reader: locally its directory (Orbax renames
+        a step into place once written); in a bucket, where Orbax writes a step in place and
+        deletes it object by object, its directory with its commit marker."""
+        root = self.directory / str(step)
+        if not self.read_only or is_local(str(self.directory)):
+            return not self.read_only or root.exists()
+        return (root / "commit_success.txt").exists()
+
+    def _superseded(self, step: int) -> bool:
+        """A reader's step that failed to read: whether its live trainer has removed it, or is
+        removing it (a bucket deletes a step object by object), having committed a newer one."""
+        if not self._committed(step):
+            return True
+        _forget_bucket_listings(self.directory)
+        try:  # the folder's own listing: Orbax's reads every step's metadata, a removed one too
+            listed = [int(p.name) for p in self.directory.iterdir() if p.name.isdigit()]
+        except OSError:
+            return False
+        return any(s > step and self._committed(s) for s in listed)
+
     def _reload(self) -> None:
-        with _absl_dropped("Metadata file does not exist"):
+        _forget_bucket_listings(self.directory)
+        with _absl_dropped(*_IN_FLIGHT):
             self.manager.reload()
 
     def _restore_first(self, steps, abstract_state, data_iter, check_meta):
@@ -259,7 +307,7 @@ class Checkpointer:
                     raise
                 except Exception as e:
                     failed.append(step)
-                    if self.read_only and not (self.directory / str(step)).exists():
+                    if self.read_only and self._superseded(step):
                         removed.append(step)  # a live trainer's keep_last: list them again
                         return None, damaged, removed
                     self._not_damage(e, step)
