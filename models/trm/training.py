@@ -56,9 +56,9 @@ from models.trm.optim import (
 @dataclasses.dataclass(frozen=True)
 class TRMOptimConfig:
     """The optimisation fields of upstream's cfg_pretrain.yaml (same names and defaults, but
-    `ema`: True here, False there; configs/optim/trm.yaml sets upstream's). The schedule's length
-    is `train_step`'s `total_steps`, the loss's scale the batch's rows, the loss itself the model
-    config's (TRMConfig.loss_type, loss_dtype)."""
+    `ema`: True here, as every run of upstream's README passes ema=True; False in
+    cfg_pretrain.yaml). The schedule's length is `train_step`'s `total_steps`, the loss's scale
+    the batch's rows, the loss itself the model config's (TRMConfig.loss_type, loss_dtype)."""
 
     lr: float = ranged(1e-4, ">0")
     lr_min_ratio: float = ranged(1.0, "[0,1]")
