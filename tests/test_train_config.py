@@ -196,7 +196,11 @@ def test_the_docs_give_each_sudoku_experiment_the_blanks_its_config_builds():
             blanks[name] = int(args["blanks"])
     assert {"trm_sudoku_tiny", "trm_sudoku_cpu"} <= set(blanks)
     root = pathlib.Path(CONFIG_DIR).parent
-    files = [root / "README.md", *sorted((root / "docs").glob("*.md")), root / "data/sudoku_easy.py"]
+    files = [
+        root / "README.md",
+        *sorted((root / "docs").glob("*.md")),
+        root / "data/sudoku_easy.py",
+    ]
     checked = 0
     for path in files:
         for line in path.read_text().splitlines():

@@ -363,9 +363,7 @@ def _check_mesh(m) -> None:
             f"mesh.param_sharding must be replicate or fsdp, got {m.param_sharding!r}"
         )
     if m.platform not in PLATFORMS:
-        raise ConfigError(
-            f"mesh.platform must be tpu, gpu, cpu or '' (any), got {m.platform!r}"
-        )
+        raise ConfigError(f"mesh.platform must be tpu, gpu, cpu or '' (any), got {m.platform!r}")
     for i, rule in enumerate(m.rules):
         if len(rule) != 2 or not isinstance(rule[0], str):
             raise ConfigError(f"mesh.rules[{i}] must be [logical_name, mesh_axes], got {rule}")
