@@ -211,8 +211,8 @@ def train_step(
     # the update with an `if`; here the update is computed and its result masked out
     # (jnp.where picks the old bits exactly), so the program holds no conditional: XLA:TPU's
     # cost model then predicts the step (train/aot.py), which it cannot for a cond's branches.
-    # Only steps past the schedule compute in vain (Sudoku: none; the loader drops the last
-    # partial batch of each iteration, 65,100 steps run of 65,104 scheduled).
+    # Only steps past the schedule compute in vain (upstream's runs: none; the loader drops the
+    # last partial batch of each iteration, so a run takes at most the scheduled steps).
     skipped = step > total_steps
     keep = (state.params, state.rest, state.opt_state, carry)
     params, rest, opt_state, new_carry = jax.tree.map(
