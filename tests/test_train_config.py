@@ -359,7 +359,8 @@ def test_a_run_of_an_older_version_opens_with_the_keys_added_since_at_their_defa
     """A run directory's config.yaml written before a key of the trainer's sections existed
     (run.xla_flags, checkpoint.keep_best here) opens for train.evaluate / sample / export with
     those keys at their defaults; one without a whole section, or with a value of the wrong
-    type, is one ConfigError line."""
+    type, is one ConfigError line. `mesh=NAME` on a saved config swaps in that preset, its
+    platform included, and leaves the model as the run had it."""
     from omegaconf import OmegaConf
 
     from train.compose import load_run_config
@@ -370,6 +371,11 @@ def test_a_run_of_an_older_version_opens_with_the_keys_added_since_at_their_defa
     opened = load_run_config(OmegaConf.to_yaml(saved))
     assert opened.run.xla_flags == "" and opened.checkpoint.keep_best is True
     assert opened.model == cfg.model and opened.trainer == cfg.trainer
+    # mesh=NAME swaps in a preset, its platform with it; the saved loss is what the run computed
+    tpu = load_run_config(OmegaConf.to_yaml(saved), ["mesh=v4-64"])
+    assert (tpu.mesh.fsdp, tpu.mesh.platform, tpu.model.loss_dtype) == (32, "tpu", "float64")
+    back = OmegaConf.to_yaml(OmegaConf.to_container(tpu, resolve=True))
+    assert load_run_config(back, ["mesh=cpu"]).mesh.platform == ""
     with pytest.raises(ConfigError, match="^no 'run' section; expected the config.yaml"):
         load_run_config("task: trm\n")
     saved["trainer"]["max_steps"] = "many"

@@ -267,7 +267,8 @@ def load_run_config(text: str, overrides=()):
 def apply_overrides(cfg, overrides) -> None:
     """key=value overrides onto a saved config (a run directory's config.yaml), in place (not
     validated: `load_run_config` validates the result); `mesh=NAME` swaps in
-    configs/mesh/NAME.yaml (a v4-64 run evaluated on one machine: mesh=cpu). Group overrides other than mesh and `+key` additions are refused: a saved config
+    configs/mesh/NAME.yaml, its `platform` ("" where it names none) included (a v4-64 run
+    evaluated on one machine: mesh=cpu); the saved model section stays as the run had it. Group overrides other than mesh and `+key` additions are refused: a saved config
     is already composed."""
     bad = [o for o in overrides if "=" not in o or o.startswith(("+", "~"))]
     if bad:
@@ -280,7 +281,9 @@ def apply_overrides(cfg, overrides) -> None:
                 path = os.path.join(CONFIG_DIR, "mesh", f"{value}.yaml")
                 if not os.path.isfile(path):
                     raise ConfigError(f"mesh={value}: no {path}")
-                cfg.mesh = OmegaConf.merge(cfg.mesh, OmegaConf.load(path))
+                # a preset that names no platform is for any devices
+                preset = OmegaConf.merge({"platform": ""}, OmegaConf.load(path))
+                cfg.mesh = OmegaConf.merge(cfg.mesh, preset)
             else:
                 cfg.merge_with(OmegaConf.from_dotlist([o]))
     finally:
