@@ -1,5 +1,5 @@
-"""Offline Sudoku sets of chosen difficulty through data.sudoku: `trm_sudoku_tiny` (`make demo`,
-30 blanks) and `trm_sudoku_cpu` (40 blanks).
+"""Offline Sudoku sets of chosen difficulty through data.sudoku: those of `trm_sudoku_tiny` (`make
+demo`) and `trm_sudoku_cpu`, each built with the `blanks` its experiment's data.build_args give.
 
 Real Sudoku-Extreme needs ~65k steps of a 5M-parameter model; a laptop demo has minutes. So the
 demo takes complete grids from data.sudoku's generator (seeded, unique-solution puzzles; we keep

@@ -103,6 +103,7 @@ def test_every_experiment_builds_its_abstract_train_state(name):
         (["trainer.log_interval=abc"], "log_interval"),  # wrong type
         (["mesh.axis_types=manual"], "mesh.axis_types"),
         (["mesh.fsdp=-1", "mesh.data=-1"], "mesh"),
+        (["mesh.platform=v4"], "mesh.platform"),
         (["logging.wandb=sometimes"], "logging.wandb"),
         (["+optim.learning_rat=1"], "learning_rat"),  # unknown optimiser key (GPT)
         (["+model.n_layers=3"], "n_layers"),  # unknown model field
@@ -132,6 +133,83 @@ def test_bad_gpt_config_is_rejected_with_the_key(override, needle):
 def test_bad_trm_config_is_rejected_with_the_key(override, needle):
     with pytest.raises(ConfigError, match=needle):
         load_config(["+experiment=trm_sudoku_tiny", *override])
+
+
+def test_trm_data_sizes_come_from_the_data_set_or_its_own_config():
+    """TRMDataConfig leaves a data set's sizes unknown (None): each data config states its own
+    (configs/data/*.yaml), read when the data set is not on disk (AOT compilation), and a section
+    that states none is one line naming them before anything is built. `--info` counts the
+    schedule's steps from them (upstream's formula) until the data set is built; a data set
+    built on first use is counted once built."""
+    from models.trm.optim import total_steps
+    from train.config import section_defaults
+    from train.families import family
+    from train.families.trm.data import SIZES, TRMDataConfig
+
+    assert all(section_defaults(TRMDataConfig)[k] is None for k in SIZES)
+    cls = family("trm").task
+    cfg = load_config(["+experiment=trm_sudoku", "data.path=nowhere"])
+    t, d = cfg.trainer, cfg.data
+    n = total_steps(t.epochs, d.total_groups, d.mean_puzzle_examples, t.global_batch_size)
+    assert cls.planned_steps(cfg).startswith(f"{n} (trainer.epochs={t.epochs} ")
+    tiny = load_config(["+experiment=trm_sudoku_tiny", "data.path=nowhere"])
+    assert cls.planned_steps(tiny).endswith(": counted once the data set is built")
+    unknown = ["data.total_groups=null", "data.mean_puzzle_examples=null"]
+    bad = load_config(["+experiment=trm_sudoku", "data.path=nowhere", *unknown])
+    with pytest.raises(ConfigError) as e:
+        cls(bad, make_mesh(bad.mesh, devices=jax.devices()[:1]), need_data=False)
+    line = str(e.value)
+    assert line.startswith("data.total_groups: unknown without the data set (data.path='nowhere'")
+    assert "give data.total_groups, data.mean_puzzle_examples" in line and "\n" not in line
+
+
+def test_the_ema_default_has_one_owner():
+    """optim.ema is TRMOptimConfig's default (True, as every run of upstream's README) and no
+    shipped config restates or flips it; an upstream all_config.yaml without `ema` is read as
+    upstream's own default, False."""
+    import yaml
+
+    from models.trm.training import TRMOptimConfig
+    from train.families.trm.weights import upstream_overrides
+
+    assert TRMOptimConfig().ema is True
+    for path in sorted(pathlib.Path(CONFIG_DIR).rglob("*.yaml")):
+        doc = yaml.safe_load(path.read_text()) or {}
+        optim = doc if path.parent.name == "optim" else doc.get("optim") or {}
+        assert "ema" not in optim, path
+    assert "optim.ema=false" in upstream_overrides({})
+    assert "optim.ema=true" in upstream_overrides({"ema": True})
+
+
+def test_the_docs_give_each_sudoku_experiment_the_blanks_its_config_builds():
+    """A line of README.md, docs/*.md or data/sudoku_easy.py that names one experiment built by
+    data.sudoku_easy and says "N blanks" says its data.build_args' `blanks`. Text only."""
+    import re
+
+    import yaml
+
+    blanks = {}
+    for name in EXPERIMENTS:
+        doc = yaml.safe_load(pathlib.Path(CONFIG_DIR, "experiment", f"{name}.yaml").read_text())
+        args = dict(a.split("=", 1) for a in (doc.get("data") or {}).get("build_args", []))
+        if "blanks" in args:
+            blanks[name] = int(args["blanks"])
+    assert {"trm_sudoku_tiny", "trm_sudoku_cpu"} <= set(blanks)
+    root = pathlib.Path(CONFIG_DIR).parent
+    files = [
+        root / "README.md",
+        *sorted((root / "docs").glob("*.md")),
+        root / "data/sudoku_easy.py",
+    ]
+    checked = 0
+    for path in files:
+        for line in path.read_text().splitlines():
+            named = [n for n in blanks if re.search(rf"\b{n}\b", line)]
+            said = [int(n) for n in re.findall(r"\b(\d+) blanks\b", line)]
+            if len(named) == 1 and said:
+                assert set(said) == {blanks[named[0]]}, (path.name, line[:120])
+                checked += 1
+    assert checked >= 6
 
 
 def test_missing_experiment_says_what_to_do():
@@ -281,7 +359,8 @@ def test_a_run_of_an_older_version_opens_with_the_keys_added_since_at_their_defa
     """A run directory's config.yaml written before a key of the trainer's sections existed
     (run.xla_flags, checkpoint.keep_best here) opens for train.evaluate / sample / export with
     those keys at their defaults; one without a whole section, or with a value of the wrong
-    type, is one ConfigError line."""
+    type, is one ConfigError line. `mesh=NAME` on a saved config swaps in that preset, its
+    platform included, and leaves the model as the run had it."""
     from omegaconf import OmegaConf
 
     from train.compose import load_run_config
@@ -292,6 +371,11 @@ def test_a_run_of_an_older_version_opens_with_the_keys_added_since_at_their_defa
     opened = load_run_config(OmegaConf.to_yaml(saved))
     assert opened.run.xla_flags == "" and opened.checkpoint.keep_best is True
     assert opened.model == cfg.model and opened.trainer == cfg.trainer
+    # mesh=NAME swaps in a preset, its platform with it; the saved loss is what the run computed
+    tpu = load_run_config(OmegaConf.to_yaml(saved), ["mesh=v4-64"])
+    assert (tpu.mesh.fsdp, tpu.mesh.platform, tpu.model.loss_dtype) == (32, "tpu", "float64")
+    back = OmegaConf.to_yaml(OmegaConf.to_container(tpu, resolve=True))
+    assert load_run_config(back, ["mesh=cpu"]).mesh.platform == ""
     with pytest.raises(ConfigError, match="^no 'run' section; expected the config.yaml"):
         load_run_config("task: trm\n")
     saved["trainer"]["max_steps"] = "many"

@@ -33,11 +33,15 @@ def test_help_lists_the_config_groups():
 
 
 def test_cfg_job_prints_the_composed_experiment():
-    done = _main("+experiment=trm_sudoku_tiny", "optim.lr=3e-4", "--cfg", "job")
+    """With --resolve, a field's platform default is its value (TRM's float32 loss on a TPU
+    mesh)."""
+    overrides = ["+experiment=trm_sudoku_tiny", "optim.lr=3e-4", "mesh=v4-64"]
+    done = _main(*overrides, "--cfg", "job", "--resolve")
     assert done.returncode == 0, done.stderr[-2000:]
     cfg = yaml.safe_load(done.stdout)
     assert cfg["task"] == "trm" and cfg["run"]["name"] == "trm_sudoku_tiny"
     assert cfg["optim"]["lr"] == 3e-4 and cfg["model"]["hidden_size"] == 32
+    assert cfg["mesh"]["platform"] == "tpu" and cfg["model"]["loss_dtype"] == "float32"
     assert "hydra" not in cfg
 
 

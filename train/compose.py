@@ -40,16 +40,51 @@ def load_config(overrides: list[str], config_dir: str = CONFIG_DIR):
     return cfg
 
 
+PLATFORM_DEFAULT = "platform_default"  # the resolver of a field with platform defaults
+
+
 def register_schema() -> None:
     """Registers in Hydra's ConfigStore the trainer's schema (`base_config`) and, for every
     registered family, its config dataclasses' defaults as `<section>/<family>_defaults`
-    (Task.config_sections), which configs/<section>/*.yaml compose on. Before any composition."""
+    (Task.config_sections), which configs/<section>/*.yaml compose on. Before any composition.
+
+    A field the family gives a platform default (Task.platform_defaults) holds
+    `${platform_default:<family>,<section>.<field>}` there: the lowest layer of the composition,
+    so any config file or override that sets the field replaces it, and what is left resolves
+    to the value for `mesh.platform`, else the dataclass default (`platform_default`)."""
     config_lib.register_schema()
+    OmegaConf.register_new_resolver(PLATFORM_DEFAULT, platform_default, replace=True)
     store = ConfigStore.instance()
     for name, fam in families.registered().items():
+        by_platform = fam.task.platform_defaults.values()
+        keys = {key for values in by_platform for key in values}
         for section, (cls, filled) in fam.task.config_sections.items():
             node = config_lib.section_defaults(cls, filled)
+            for key in sorted(k for k in keys if k.startswith(f"{section}.")):
+                node[key.split(".", 1)[1]] = f"${{{PLATFORM_DEFAULT}:{name},{key}}}"
             store.store(group=section, name=f"{name}_defaults", node=node)
+
+
+def platform_default(name: str, key: str, *, _root_):
+    """The default of family `name`'s field `key` ("<section>.<field>") on the config's
+    `mesh.platform`: the family's platform default there, else its dataclass default."""
+    task = family(name).task
+    platform = OmegaConf.select(_root_, "mesh.platform", default="")
+    values = task.platform_defaults.get(platform, {})
+    if key in values:
+        return values[key]
+    section, field = key.split(".", 1)
+    cls = task.config_sections[section][0]
+    return config_lib.section_defaults(cls)[field]
+
+
+def resolve_family_sections(cfg) -> None:
+    """The family's sections (model / data / optim) of a composed config with their
+    interpolations resolved, in place: the platform defaults become values before anything
+    reads or copies a section."""
+    for section in ("model", "data", "optim"):
+        if isinstance(cfg.get(section), DictConfig):
+            OmegaConf.resolve(cfg[section])
 
 
 def compose(overrides: list[str], config_dir: str = CONFIG_DIR, *, hydra_config: bool = False):
@@ -68,6 +103,7 @@ def compose(overrides: list[str], config_dir: str = CONFIG_DIR, *, hydra_config:
             )
     try:
         cfg = _compose(overrides, config_dir, hydra_config)
+        resolve_family_sections(cfg)
     except (HydraException, OmegaConfBaseException, ValueError) as e:
         # ValueError: OmegaConf's, for a list indexed by a key that is not a number
         raise ConfigError(composition_error(e, overrides, config_dir, hydra_config)) from e
@@ -99,8 +135,6 @@ def composition_error(e: BaseException, overrides=(), config_dir: str = CONFIG_D
         if line is not None:
             return line
     top = one_line(e, limit=10_000)
-    if "interpolation '${experiment}'" in top:  # mesh=v4-64 reads configs/tpu/<experiment>.yaml
-        return "config error: no experiment given: did you forget +experiment=NAME (configs/experiment/)?"
     if root is e:
         return f"config error: {top}"
     return f"config error: {top}: {f'{key}: ' if key else ''}{reason}"
@@ -233,7 +267,8 @@ def load_run_config(text: str, overrides=()):
 def apply_overrides(cfg, overrides) -> None:
     """key=value overrides onto a saved config (a run directory's config.yaml), in place (not
     validated: `load_run_config` validates the result); `mesh=NAME` swaps in
-    configs/mesh/NAME.yaml (a v4-64 run evaluated on one machine: mesh=cpu). Group overrides other than mesh and `+key` additions are refused: a saved config
+    configs/mesh/NAME.yaml, its `platform` ("" where it names none) included (a v4-64 run
+    evaluated on one machine: mesh=cpu); the saved model section stays as the run had it. Group overrides other than mesh and `+key` additions are refused: a saved config
     is already composed."""
     bad = [o for o in overrides if "=" not in o or o.startswith(("+", "~"))]
     if bad:
@@ -246,7 +281,9 @@ def apply_overrides(cfg, overrides) -> None:
                 path = os.path.join(CONFIG_DIR, "mesh", f"{value}.yaml")
                 if not os.path.isfile(path):
                     raise ConfigError(f"mesh={value}: no {path}")
-                cfg.mesh = OmegaConf.merge(cfg.mesh, OmegaConf.load(path))
+                # a preset that names no platform is for any devices
+                preset = OmegaConf.merge({"platform": ""}, OmegaConf.load(path))
+                cfg.mesh = OmegaConf.merge(cfg.mesh, preset)
             else:
                 cfg.merge_with(OmegaConf.from_dotlist([o]))
     finally:

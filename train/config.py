@@ -34,6 +34,9 @@ WANDB_MODES = ("auto", "online", "offline", "disabled", "off")
 # trainer.on_nonfinite: what a step with a non-finite loss or gradient norm does (train/nonfinite.py)
 NONFINITE_MODES = ("stop", "skip")
 
+# mesh.platform: the devices a mesh preset is for ("": whatever this process sees)
+PLATFORMS = ("", "cpu", "gpu", "tpu")
+
 
 @dataclass
 class RunConfig:
@@ -103,6 +106,10 @@ class MeshConfig:
     # and the TRM carry; it is the only logical axis the trainer reads (params follow
     # param_sharding).
     rules: list[Any] = field(default_factory=lambda: [["batch", ["data", "fsdp"]]])
+    # The devices this preset is for (PLATFORMS; configs/mesh/v4-64.yaml: tpu). A family's
+    # defaults for that platform (Task.platform_defaults, e.g. TRM's float32 loss on a TPU) replace
+    # its dataclass defaults; "" = whatever devices this process sees, the dataclass defaults.
+    platform: str = ""
 
 
 @dataclass
@@ -355,6 +362,8 @@ def _check_mesh(m) -> None:
         raise ConfigError(
             f"mesh.param_sharding must be replicate or fsdp, got {m.param_sharding!r}"
         )
+    if m.platform not in PLATFORMS:
+        raise ConfigError(f"mesh.platform must be tpu, gpu, cpu or '' (any), got {m.platform!r}")
     for i, rule in enumerate(m.rules):
         if len(rule) != 2 or not isinstance(rule[0], str):
             raise ConfigError(f"mesh.rules[{i}] must be [logical_name, mesh_axes], got {rule}")

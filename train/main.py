@@ -37,7 +37,14 @@ from omegaconf import OmegaConf
 from parity.backend import keep_cpu_step_buffers
 from train import gcs, xla_flags
 from train.compilation_cache import log_compilation_cache_stats, setup_compilation_cache
-from train.compose import CONFIG_DIR, compose, load_config, register_schema, validate
+from train.compose import (
+    CONFIG_DIR,
+    compose,
+    load_config,
+    register_schema,
+    resolve_family_sections,
+    validate,
+)
 from train.distributed import initialize, quiet_tpu_probe
 from train.errors import (
     EXIT_DISK_FULL,
@@ -152,6 +159,7 @@ def _hydra_app(cfg) -> dict:
             # job N of a sweep: <run.name>-<N>, so two jobs never share a run directory and the
             # same sweep again resumes each job from its own
             cfg.run.name = f"{cfg.run.name}-{HydraConfig.get().job.num}"
+        resolve_family_sections(cfg)  # as compose does: the platform defaults become values
         validate(cfg)
         xla_flags.apply(cfg.run.xla_flags)  # a no-op when main() applied the same ones
     except ConfigError as e:

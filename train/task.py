@@ -107,6 +107,12 @@ class Task:
     # registered as the config `<section>/<family>_defaults` (train/compose.py), which the
     # family's configs/<section>/*.yaml compose on: a YAML file holds only what it changes.
     config_sections: dict[str, tuple[type, tuple[str, ...]]] = {}
+    # Defaults that depend on the devices a mesh preset is for (`mesh.platform`): platform ->
+    # {"<section>.<field>": value}, for fields of `config_sections`. On a mesh of that platform
+    # the value replaces the dataclass default of the field; a config file or the command line
+    # that sets the field still wins (train/compose.py). TRM: {"tpu": {"model.loss_dtype":
+    # "float32"}}, so no experiment needs a file of its own for a TPU.
+    platform_defaults: dict[str, dict[str, Any]] = {}
     # Set by _setup from `init`: the static NNX graphdef, the state's ShapeDtypeStructs and the
     # NamedShardings of every state leaf.
     graphdef: Any = None

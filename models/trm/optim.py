@@ -261,7 +261,7 @@ def total_steps(
     """Upstream's schedule length: int(epochs * total_groups * mean_puzzle_examples / global_batch).
 
     It only shapes the schedule (and stops updates after it): the loader drops each iteration's
-    last partial batch, so the run itself does slightly fewer steps (Sudoku: 65,104 vs 65,100).
+    last partial batch, so the run itself may do fewer steps (at most one per iteration).
     """
     return int(epochs * total_groups * mean_puzzle_examples / global_batch_size)
 

@@ -56,9 +56,9 @@ from models.trm.optim import (
 @dataclasses.dataclass(frozen=True)
 class TRMOptimConfig:
     """The optimisation fields of upstream's cfg_pretrain.yaml (same names and defaults, but
-    `ema`: True here, False there; configs/optim/trm.yaml sets upstream's). The schedule's length
-    is `train_step`'s `total_steps`, the loss's scale the batch's rows, the loss itself the model
-    config's (TRMConfig.loss_type, loss_dtype)."""
+    `ema`: True here, as every run of upstream's README passes ema=True; False in
+    cfg_pretrain.yaml). The schedule's length is `train_step`'s `total_steps`, the loss's scale
+    the batch's rows, the loss itself the model config's (TRMConfig.loss_type, loss_dtype)."""
 
     lr: float = ranged(1e-4, ">0")
     lr_min_ratio: float = ranged(1.0, "[0,1]")
@@ -211,8 +211,8 @@ def train_step(
     # the update with an `if`; here the update is computed and its result masked out
     # (jnp.where picks the old bits exactly), so the program holds no conditional: XLA:TPU's
     # cost model then predicts the step (train/aot.py), which it cannot for a cond's branches.
-    # Only steps past the schedule compute in vain (Sudoku: none; the loader drops the last
-    # partial batch of each iteration, 65,100 steps run of 65,104 scheduled).
+    # Only steps past the schedule compute in vain (upstream's runs: none; the loader drops the
+    # last partial batch of each iteration, so a run takes at most the scheduled steps).
     skipped = step > total_steps
     keep = (state.params, state.rest, state.opt_state, carry)
     params, rest, opt_state, new_carry = jax.tree.map(

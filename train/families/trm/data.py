@@ -36,13 +36,14 @@ class TRMDataConfig:
     )  # upstream eval_interval: epochs per iteration (0: epochs)
     eval_batch_size: int = ranged(0, ">=0")  # 0: trainer.global_batch_size
     evaluator: str = ""  # "" or arc (data.arc_eval)
-    # The data set's sizes. Read from its train/dataset.json when it is on disk (and recorded here
-    # in the run's config.yaml); these values serve when it is not (AOT compilation).
-    seq_len: int = ranged(81, ">0")
-    vocab_size: int = ranged(11, ">0")
-    num_puzzle_identifiers: int = ranged(1, ">0")
-    total_groups: int = ranged(1000, ">0")
-    mean_puzzle_examples: float = ranged(1.0, ">0")
+    # The data set's sizes (SIZES). Read from its train/dataset.json when it is on disk (and
+    # recorded here in the run's config.yaml); a data set's config states them for a command
+    # that runs without it (AOT compilation: configs/data/*.yaml). None: unknown until built.
+    seq_len: int | None = ranged(None, ">0")
+    vocab_size: int | None = ranged(None, ">0")
+    num_puzzle_identifiers: int | None = ranged(None, ">0")
+    total_groups: int | None = ranged(None, ">0")
+    mean_puzzle_examples: float | None = ranged(None, ">0")
 
 
 SIZES = ("seq_len", "vocab_size", "num_puzzle_identifiers", "total_groups", "mean_puzzle_examples")
@@ -87,6 +88,18 @@ def prepare_data(d) -> None:
         raise ConfigError(f"data.path={path!r} ({what}): {e}") from e
     except (OSError, ValueError) as e:  # a bad build_args value, a missing input file
         raise ConfigError(f"{what}: {one_line(e)}") from e
+
+
+def check_sizes_known(d: TRMDataConfig) -> None:
+    """ConfigError naming the sizes (SIZES) a data section leaves unknown: a command that runs
+    without the data set on disk reads them from the config."""
+    unknown = [k for k in SIZES if getattr(d, k) is None]
+    if unknown:
+        raise ConfigError(
+            f"data.{unknown[0]}: unknown without the data set (data.path={d.path!r} holds no "
+            f"train/dataset.json); build it, or give {', '.join(f'data.{k}' for k in unknown)} "
+            "(configs/data/sudoku.yaml states Sudoku-Extreme's)"
+        )
 
 
 def data_sizes(data_dir: str) -> dict:

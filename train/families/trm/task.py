@@ -47,6 +47,7 @@ from train.families.trm.data import (
     TRMDataConfig,
     check_batch_fits,
     check_identifiers,
+    check_sizes_known,
     check_split,
     data_sizes,
     prepare_data,
@@ -71,6 +72,9 @@ class TRMTask(Task):
         "optim": (TRMOptimConfig, ()),
         "data": (TRMDataConfig, ()),
     }
+    # A TPU has no float64 (`check_backend`): on a TPU mesh (mesh.platform=tpu) the stablemax
+    # loss is float32 unless a config file or the command line says otherwise.
+    platform_defaults = {"tpu": {"model.loss_dtype": "float32"}}
 
     @classmethod
     def validate_config(cls, cfg) -> None:
@@ -98,12 +102,16 @@ class TRMTask(Task):
             return super().planned_steps(cfg)
         path = cfg.data.get("path", "")
         epochs = f"trainer.epochs={t.epochs} over the data set at batch {t.global_batch_size}"
-        if not os.path.isfile(os.path.join(path, "train", "dataset.json")):
-            return f"{epochs}: counted once the data set is built"
-        s = data_sizes(path)
+        if os.path.isfile(os.path.join(path, "train", "dataset.json")):
+            s, where = data_sizes(path), "as upstream"
+        else:  # a data set built elsewhere: the sizes its config states, if it states them
+            s = {k: cfg.data.get(k) for k in ("total_groups", "mean_puzzle_examples")}
+            if cfg.data.get("build") or None in s.values():
+                return f"{epochs}: counted once the data set is built"
+            where = "by the data config's sizes until the data set is built"
         n = schedule_steps(t.epochs, s["total_groups"], s["mean_puzzle_examples"],
                            t.global_batch_size)  # fmt: skip
-        return f"{n} ({epochs}: {s['total_groups']} puzzles, as upstream)"
+        return f"{n} ({epochs}: {s['total_groups']} puzzle groups, {where})"
 
     @classmethod
     def needs_x64(cls, cfg) -> bool:
@@ -117,9 +125,9 @@ class TRMTask(Task):
         rewriting every 64-bit value into a pair of 32-bit ones (the compiled v4-64 program holds
         no f64, s64 or u64 at all; docs/sharding.md, "float64 on a TPU"), which keeps float32's
         exponent range and is not the float64 upstream computes; the run would also turn on jax
-        x64 and with it 64-bit integers, emulated the same way. The TPU meshes set float32
-        (configs/tpu/), so this fires when float64 is asked for on a TPU explicitly or through a
-        non-TPU mesh preset."""
+        x64 and with it 64-bit integers, emulated the same way. A TPU mesh preset gives float32
+        (`platform_defaults`), so this fires when float64 is asked for on a TPU explicitly or
+        through a mesh preset for any devices (mesh=cpu on a TPU VM)."""
         if platform == "tpu" and cls.needs_x64(cfg):
             raise ConfigError(
                 "model.loss_dtype=float64 is not float64 on a TPU: TPUs have no float64 and "
@@ -134,6 +142,7 @@ class TRMTask(Task):
             prepare_data(cfg.data)
             record_in_config(cfg, {f"data.{k}": v for k, v in data_sizes(cfg.data.path).items()})
         self.data_cfg = d = build_dataclass(TRMDataConfig, cfg.data, "data")
+        check_sizes_known(d)
         self.data_dir = d.path
         self.model_cfg = build_dataclass(
             TRMConfig,

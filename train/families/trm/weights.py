@@ -120,8 +120,8 @@ def upstream_overrides(all_config: dict, where: str = "all_config.yaml") -> list
     if batch is not None:
         out.append(override("trainer.global_batch_size", batch))
     ema = get(all_config, "ema", bool, "true or false")
-    if ema is not None:
-        out.append(override("optim.ema", ema))
+    # upstream's default when the file does not say (cfg_pretrain.yaml: ema False)
+    out.append(override("optim.ema", False if ema is None else ema))
     paths = [
         get(all_config, k, list, "a list of data set paths") or []
         for k in ("data_paths_test", "data_paths")
