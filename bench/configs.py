@@ -153,7 +153,14 @@ def _from_fields(cfg: BenchConfig, seed: int) -> tuple[dict, str]:
         "model": model,
         "optim": optim,
         # TRM's data-dependent sizes (the trainer reads them here when no data set is loaded)
-        "data": {k: cfg.model[k] for k in _TRM_DATA_FIELDS} if cfg.family == "trm" else {},
+        # and, with no data set to count, one batch of groups (trainer.total_steps sets the
+        # schedule's length)
+        "data": (
+            {k: cfg.model[k] for k in _TRM_DATA_FIELDS}
+            | {"total_groups": cfg.batch_size, "mean_puzzle_examples": 1.0}
+            if cfg.family == "trm"
+            else {}
+        ),
     }
     settings = OmegaConf.from_dotlist([o for o in _BENCH_TRAINER_OVERRIDES if "." in o])
     merged = OmegaConf.merge(OmegaConf.structured(Config), fields, settings)  # mesh: cpu defaults

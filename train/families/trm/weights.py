@@ -7,6 +7,7 @@ puzzle identifiers come from its own tables, seq_len from the data set's test sp
 from __future__ import annotations
 
 import os
+import re
 
 import yaml
 from omegaconf import open_dict
@@ -90,6 +91,18 @@ def _read_all_config(path: str) -> dict:
     return obj
 
 
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def _number_if_written(value):
+    """A string that spells a number as the number: YAML 1.1 (PyYAML) reads `1e-05`, written
+    without a dot, as a string, which upstream's config (pydantic) turns into the float."""
+    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        text = value.strip()
+        return int(text) if re.fullmatch(r"[+-]?\d+", text) else float(text)
+    return value
+
+
 def upstream_overrides(all_config: dict, where: str = "all_config.yaml") -> list[str]:
     """Our Hydra overrides for the run an upstream all_config.yaml describes (model from `arch`,
     loss type, batch size, EMA, data_paths[0], the ARC evaluator). SourceError naming `where`
@@ -109,7 +122,10 @@ def upstream_overrides(all_config: dict, where: str = "all_config.yaml") -> list
         raise SourceError(f"{where}: arch.name={name!r} is not a known TRM arch")
     out = ["task=trm", "model=trm", "optim=trm", "data=sudoku", override("model.arch", module)]
     out += [
-        override(f"model.{k}", get(arch, k, scalar, "a number, a string or a boolean"))
+        override(
+            f"model.{k}",
+            _number_if_written(get(arch, k, scalar, "a number, a string or a boolean")),
+        )
         for k in _UPSTREAM_MODEL_KEYS
         if k in arch
     ]
