@@ -384,9 +384,7 @@ def test_reference_gradients_reproduce_upstream(variant):
 
 # ----------------------------------------------------- which machines give the fixtures' bits
 
-# Kernel settings this CPU can run, each in a process of its own: ATen's capabilities, MKL's
-# instruction sets and MKL's reproducibility modes (the bits each gives on the fixtures' machine:
-# docs/porting_trm.md, "The same ATen capability is not the same kernels").
+
 def _cpu_has_avx512() -> bool:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -395,8 +393,11 @@ def _cpu_has_avx512() -> bool:
         return False
 
 
-# ATen runs the kernels ATEN_CPU_CAPABILITY names without asking the CPU: avx512 on a CPU
-# without it dies of SIGILL (docs/porting_trm.md, "ATEN_CPU_CAPABILITY=avx512 is not checked")
+# Kernel settings this CPU can run, each in a process of its own: ATen's capabilities, MKL's
+# instruction sets and MKL's reproducibility modes (the bits each gives on the fixtures' machine:
+# docs/porting_trm.md, "The same ATen capability is not the same kernels"). ATen runs the kernels
+# ATEN_CPU_CAPABILITY names without asking the CPU: avx512 on a CPU without it dies of SIGILL
+# (docs/porting_trm.md, "ATEN_CPU_CAPABILITY=avx512 is not checked").
 KERNEL_SETTINGS = (
     [{}]
     + [
