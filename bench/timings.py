@@ -2,14 +2,13 @@
 apart from its command, on a machine you name by its CPU.
 
     python -m bench timings --clone DIR [--cores 2] [--busy N] [--kernels avx2] [--parts demo,test]
-    python -m bench timings --tables      # README.md's and docs/testing.md's rows from the records
 
 `--clone DIR` (DIR must not exist): `git clone` of this repository's HEAD into DIR, then in DIR
 `make .venv/bin/.installed-base` (the venv and the base install), `make demo` (data, training,
-evaluation, with an empty XLA compilation cache, as on a first run), `make .venv/bin/.installed-dev`
-(the extras `make test` adds; its row's install counts the base install too) and `make test`
-(the default tier), each timed on its own. The
-commands run on the first `--cores` cores (default: all this process may use); `--busy N` runs N
+evaluation, with an empty XLA compilation cache, as on a first run), `make
+.venv/bin/.installed-dev` (the extras `make test` adds; its row's install counts the base install
+too) and `make test` (the default tier), each timed on its own. The commands run on the first
+`--cores` cores (default: all this process may use); `--busy N` runs N
 busy loops on the same cores meanwhile (a machine shared with other work); `--kernels avx2` gives
 XLA and torch AVX2 kernels on an AVX-512 CPU (`XLA_FLAGS=--xla_cpu_max_isa=AVX2
 ATEN_CPU_CAPABILITY=avx2`, recorded as such). Without --busy the command refuses to start while the
@@ -21,13 +20,12 @@ Makefile's (https://download.pytorch.org/whl/cpu for a CPU torch from PyTorch's 
 Writes --out (default bench/results/timings/<row>.json, `row` one of ROWS: the CPU's vector
 kernels and whether loops ran beside) with the machine, every command's wall time and load
 average, the demo's output lines and the default tier's pytest summary; the demo's output goes to
-<out without .json>.log. `--tables` rewrites README.md's and docs/testing.md's timing rows from the records
-(tests/test_figures.py keeps them equal).
+<out without .json>.log. The README's and docs/testing.md's timing tables are the records'
+(`python -m bench tables`).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -38,7 +36,7 @@ import sys
 import time
 
 from bench.machine import loadavg, result_header
-from train.errors import ConfigError, user_errors
+from train.errors import ConfigError, OneLineParser
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "bench", "results", "timings")
@@ -48,7 +46,6 @@ ROWS = {
     "avx512": "2 AVX-512 cores, quiet",
     "avx2-busy2": "2 AVX2 cores, 2 busy loops beside",
 }
-TABLE_FILES = ("README.md", "docs/testing.md")
 NOT_MEASURED = "not measured yet"
 AVX2_KERNELS = {"XLA_FLAGS": "--xla_cpu_max_isa=AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 
@@ -187,33 +184,9 @@ def records() -> dict:
     return out
 
 
-def table_rows() -> list[str]:
-    """The tables' rows (the header is the files' own), one per ROWS key, from the records."""
-    return [f"| {ROWS[n]} | {' | '.join(cells(r))} |" for n, r in records().items()]
-
-
-def write_tables(root: str = REPO) -> None:
-    """Rewrites the rows of TABLE_FILES' timing tables under `root` (the lines that start with a
-    row's first cell) from the records."""
-    rows = dict(zip(ROWS.values(), table_rows(), strict=True))
-    for name in TABLE_FILES:
-        path = os.path.join(root, name)
-        lines = open(path).read().split("\n")
-        for i, line in enumerate(lines):
-            for first, row in rows.items():
-                if line.startswith(f"| {first} |"):
-                    lines[i] = row
-        with open(path, "w") as f:
-            f.write("\n".join(lines))
-        print(f"wrote {name}")
-
-
 def main(argv: list[str] | None = None) -> dict | None:
-    p = argparse.ArgumentParser(
-        prog="python -m bench timings", description=__doc__.split("\n\n")[0]
-    )
+    p = OneLineParser(prog="python -m bench timings", description=__doc__.split("\n\n")[0])
     p.add_argument("--clone", metavar="DIR", help="the fresh clone to make (must not exist)")
-    p.add_argument("--tables", action="store_true", help="rewrite the tables from the records")
     p.add_argument("--parts", default="demo,test", help="demo, test or both (default)")
     p.add_argument("--cores", type=int, default=None, help="run on the first N cores")
     p.add_argument("--busy", type=int, default=0, metavar="N", help="N busy loops beside")
@@ -221,11 +194,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--max-load", type=float, default=0.5, help="refuse above this load average")
     p.add_argument("--out", default=None, help="default bench/results/timings/<row>.json")
     a = p.parse_args(argv)
-    if a.tables:
-        write_tables()
-        return None
     if not a.clone:
-        raise ConfigError("expected --clone DIR (or --tables)")
+        raise ConfigError("expected --clone DIR")
     parts = a.parts.split(",")
     if not parts or set(parts) - {"demo", "test"}:
         raise ConfigError(f"--parts {a.parts}: expected demo, test or demo,test")
@@ -248,8 +218,3 @@ def main(argv: list[str] | None = None) -> dict | None:
         f.write(json.dumps(result, indent=1) + "\n")
     print(f"wrote {out}: make demo {cells(result)[0]}; make test {cells(result)[1]}")
     return result
-
-
-if __name__ == "__main__":
-    with user_errors():
-        main()
