@@ -14,6 +14,7 @@ figures". --dry-run runs the same parts on the CPU with the tiny configs.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import re
@@ -92,6 +93,7 @@ class Part:
     dry: str = ""  # arguments a dry run adds
     needs: tuple[str, ...] = ()
     inputs: tuple[str, ...] = ()  # under ASSETS; skipped when one is missing
+    modules: tuple[str, ...] = ()  # skipped when one is not importable
     clean: tuple[str, ...] = ()
     env: dict = dataclasses.field(default_factory=dict)
     watch: Callable | None = None  # (part, t, line) -> stop here
@@ -153,9 +155,14 @@ def _iqr(r: dict) -> str:
     return f"[IQR {r['q1']:.3f}-{r['q3']:.3f}]"
 
 
-def _json_file(part: Part, ctx: Ctx) -> dict:
-    path = ctx.work / f"{part.key}.json"
-    return json.loads(path.read_text()) if path.exists() else {}
+def json_file(name: str) -> Callable:
+    """A reader of the JSON file WORK/<name> (formatted with the part's key) its command wrote."""
+
+    def read(part: Part, ctx: Ctx) -> dict:
+        path = ctx.work / name.format(key=part.key)
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    return read
 
 
 def show_trainer(r: dict) -> str:
@@ -166,32 +173,16 @@ def show_trainer(r: dict) -> str:
             f"{r['trainer_over_bare']:.3f}{hours}")  # fmt: skip
 
 
-def read_speed(part: Part, ctx: Ctx) -> dict:
-    """`python -m bench`'s bench.json, one row per implementation and per paired ratio."""
-    path = ctx.work / part.key / "bench.json"
-    if not path.exists():
-        return {}
-    full, rows = json.loads(path.read_text()), []
-    for res in full["results"]:
-        for impl, v in res["impls"].items():
-            st = v.get("step_time_s") or {}
-            rows.append({"impl": impl, "status": v["status"], "mfu": v.get("mfu"),
-                         "step_ms_median": 1e3 * st["median"] if st else None,
-                         "items_per_s": v.get("items_per_s"), "error": v.get("error")})  # fmt: skip
-        rows += [{"ratio": k, **r} for k, r in res["ratios"].items()]
-    return {"peak_flops": full["peak_flops"], "table": rows, "bench": full}
-
-
 def show_speed(r: dict) -> str:
+    """A `python -m bench` record (bench.json): each side's median step and MFU, JAX's ratios."""
     bits = []
-    for row in r.get("table", []):
-        if row.get("step_ms_median"):
-            mfu = f" ({100 * row['mfu']:.1f}% MFU)" if row.get("mfu") else ""
-            bits.append(f"{row['impl']} {row['step_ms_median']:.1f} ms{mfu}")
-        elif "impl" in row:
-            bits.append(f"{row['impl']} {row['status']}")
-        elif not row["ratio"].startswith("torch"):
-            bits.append(f"{row['ratio']} {row['median']:.3f} {_iqr(row)}")
+    for res in r["results"]:
+        for impl, v in res["impls"].items():
+            mfu = f" ({100 * v['mfu']:.1f}% MFU)" if v.get("mfu") else ""
+            ms = v.get("step_time_s") and f"{1e3 * v['step_time_s']['median']:.1f} ms{mfu}"
+            bits.append(f"{impl} {ms or v['status']}")
+        bits += [f"{k} {q['median']:.3f} {_iqr(q)}" for k, q in res["ratios"].items()
+                 if k.startswith("jax")]  # fmt: skip
     return "; ".join(bits)
 
 
@@ -293,14 +284,9 @@ def read_pytest(part: Part, ctx: Ctx) -> dict:
 
 
 def read_parity(part: Part, ctx: Ctx) -> dict:
-    """`python -m parity gpt`'s rows and its `N passed, M failed` line."""
-    rows = [ln for ln in part.lines if len(ln.split()) >= 7 and ln.split()[-1] in ("pass", "FAIL")]
-    counts = [
-        m for ln in part.lines if (m := re.match(r"^(\d+) passed, (\d+) failed$", ln.strip()))
-    ]
-    return (
-        {"passed": int(counts[-1][1]), "failed": int(counts[-1][2]), "rows": rows} if counts else {}
-    )
+    """`python -m parity gpt`'s `N passed, M failed` line."""
+    found = [m for ln in part.lines if (m := re.match(r"^(\d+) passed, (\d+) failed$", ln))]
+    return {"passed": int(found[-1][1]), "failed": int(found[-1][2])} if found else {}
 
 
 def read_profile(part: Part, ctx: Ctx) -> dict:
@@ -343,19 +329,16 @@ def show_throughput(r: dict) -> str:
 
 
 def read_sudoku(part: Part, ctx: Ctx) -> dict:
-    m = [re.search(r"train:\s+([\d,]+) groups\s+([\d,]+) examples", ln) for ln in part.lines]
-    m = [x for x in m if x]
-    return (
-        {"groups": int(m[-1][1].replace(",", "")), "examples": int(m[-1][2].replace(",", ""))}
-        if m
-        else {}
-    )
+    found = [m for ln in part.lines if (m := re.search(r"train:.* ([\d,]+) examples", ln))]
+    return {"examples": int(found[-1][1].replace(",", ""))} if found else {}
 
 
 def plan() -> list[Part]:
     """Every part with its box in seconds on a GPU, in the order they run."""
+    from parity.goldens.trm_pretrain import GOLDENS_EXTRA  # what upstream's pretrain.py imports
+
     trm, gpt, char = "trm_sudoku", "gpt2_124m", "gpt_shakespeare_char"
-    speed = "-m bench --device {device} --configs {size} --data={data} --timeout {timeout}"
+    speed = "-m bench --device {device} --configs {size} --data={data} --timeout {timeout} --out {work}/{key}"
     variants = "-m bench.variants {size} --device {device} --steps {n} --data-path={data}"
     ours = ("-m train.main +experiment={size} logging.wandb=disabled trainer.progress_bar=false "
             "run.out_dir={work}/runs run.name={key} data.path={assets}/data/shakespeare_char "
@@ -370,6 +353,10 @@ def plan() -> list[Part]:
     fresh_inductor = {"TORCHINDUCTOR_CACHE_DIR": "{work}/inductor-cache",
                       "TRITON_CACHE_DIR": "{work}/inductor-cache/triton"}  # fmt: skip
 
+    def speed_part(config, box):
+        return Part(f"{config}.speed", box, speed, config, read=json_file("{key}/bench.json"),
+                    show=show_speed, dry=DRY_SPEED)  # fmt: skip
+
     def to_target(key, box, argv, watch, **kw):
         return Part(key, box, argv, char, read=read_target, show=show_target, watch=watch, **kw)
 
@@ -381,7 +368,7 @@ def plan() -> list[Part]:
     def step_variants(config, box):
         tries = " ".join(f"--variant {v}" for v in VARIANTS[config])
         return Part(f"{config}.variants", box, f"{variants} {tries} --out {{work}}/{{key}}.json",
-                    config, read=_json_file, show=show_variants, n=(20, 3))  # fmt: skip
+                    config, read=json_file("{key}.json"), show=show_variants, n=(20, 3))  # fmt: skip
 
     def profile(config, impl, box):
         hlo = " --hlo {out}/hlo/{key}.hlo.gz" * (impl == "jax")
@@ -396,10 +383,8 @@ def plan() -> list[Part]:
              inputs=(SUDOKU_SRC,), read=read_sudoku, show=lambda r: f"{r['examples']:,} examples"),
         Part("trm_sudoku.trainer", 110, "-m bench trainer +experiment={size} data.path={data} "
              "--steps {n} --warmup 2", trm, tag="TRAINER_VS_BARE", show=show_trainer, n=(12, 4)),
-        Part("trm_sudoku.speed", 150, speed + " --out {work}/{key}", trm, read=read_speed,
-             show=show_speed, dry=DRY_SPEED),
-        Part("gpt2_124m.speed", 120, speed + " --out {work}/{key}", gpt, read=read_speed,
-             show=show_speed, dry=DRY_SPEED),
+        speed_part(trm, 150),
+        speed_part(gpt, 120),
         step_variants(gpt, 170),
         to_target("shakespeare.ours", 90, ours, watch_ours, dry=DRY_OURS, inputs=(bins,),
                   clean=("{work}/xla-cache", "{work}/runs/{key}")),
@@ -421,7 +406,8 @@ def plan() -> list[Part]:
         profile(gpt, "jax", 60),
         profile(gpt, "torch_compile", 80),
         Part("trm_sudoku.upstream", 90, upstream, trm, read=read_throughput, show=show_throughput,
-             watch=Part.timed, ok_at_box=True, clean=("{work}/upstream-trm",), inputs=("upstream/TinyRecursiveModels/pretrain.py",
+             watch=Part.timed, ok_at_box=True, clean=("{work}/upstream-trm",),
+             modules=GOLDENS_EXTRA, inputs=("upstream/TinyRecursiveModels/pretrain.py",
                                                        "upstream/adam-atan2/adam_atan2")),
     ]  # fmt: skip
 
@@ -456,6 +442,8 @@ class Session:
         for path in part.inputs:
             if not (self.ctx.assets / path).exists():
                 return f"missing {self.ctx.assets / path} (bash bench/gpu_prepare.sh)"
+        if absent := [m for m in part.modules if importlib.util.find_spec(m) is None]:
+            return f"missing modules {', '.join(absent)} (pip install -e '.[goldens]')"
         for need in part.needs:
             rec = self.ctx.records.get(need)
             if rec is None or rec["status"] != "ok":
@@ -589,44 +577,45 @@ def run_plan(argv: list[str]) -> list[dict]:
 
 def env_info() -> dict:
     """Device, driver and versions, each probe on its own (one that fails leaves the others)."""
-    import platform
+    from bench.machine import result_header, version
 
-    from bench.machine import cpu_count, cpu_model, version
-
-    info: dict = {"python": platform.python_version(), "cpu": cpu_model(), "cpu_cores": cpu_count()}
+    info = result_header("env", "python -m bench gpu env", "gpu")["machine"]
     if smi := shutil.which("nvidia-smi"):
         q = subprocess.run([smi, "--query-gpu=name,driver_version,memory.total",
                             "--format=csv,noheader"], capture_output=True, text=True, timeout=30)  # fmt: skip
         info["nvidia_smi"] = q.stdout.strip() or q.stderr.strip()
-    pkgs = ("jax jaxlib jax-cuda13-plugin jax-cuda12-plugin flax optax orbax-checkpoint grain "
-            "hydra-core omegaconf numpy torch triton").split()  # fmt: skip
-    info["versions"] = versions = {p: v for p in pkgs if (v := version(p))}
-    info["jax"], info["torch"] = j, t = {}, {}
-    try:
-        import jax
-
-        from train.flops import peak_flops_for
-
-        kind = jax.devices()[0].device_kind
-        j.update(backend=jax.default_backend(), devices=[str(x) for x in jax.devices()],
-                 device_kind=kind, peak_bf16_flops=peak_flops_for(kind))  # fmt: skip
-    except Exception as e:  # noqa: BLE001
-        j["error"] = f"{type(e).__name__}: {e}"
-    try:
-        import torch
-
-        t.update(cuda=torch.cuda.is_available(), cuda_version=torch.version.cuda)
-        if t["cuda"]:
-            t.update(device=torch.cuda.get_device_name(0), cudnn=torch.backends.cudnn.version())
-    except Exception as e:  # noqa: BLE001
-        t["error"] = f"{type(e).__name__}: {e}"
-    info["line"] = (
-        f"{info.get('nvidia_smi') or 'no nvidia-smi'}; jax {versions.get('jax')} "
-        f"({j.get('backend')}: {j.get('device_kind')}, peak {j.get('peak_bf16_flops')}); "
-        f"torch {versions.get('torch')} (CUDA {t.get('cuda_version')}, cuDNN {t.get('cudnn')}); "
-        f"Python {info['python']}; {info['cpu_cores']} x {info['cpu']}"
-    )
+    pkgs = "jax-cuda13-plugin jax-cuda12-plugin orbax-checkpoint grain hydra-core triton".split()
+    info["versions"].update({p: v for p in pkgs if (v := version(p))})
+    for name, probe in (("jax", _jax_info), ("torch", _torch_info)):
+        try:
+            info[name] = probe()
+        except Exception as e:  # noqa: BLE001
+            info[name] = {"error": f"{type(e).__name__}: {e}"}
+    j, t, v = info["jax"], info["torch"], info["versions"]
+    info["line"] = (f"{info.get('nvidia_smi') or 'no nvidia-smi'}; jax {v.get('jax')} "
+                    f"({j.get('backend')}: {j.get('device_kind')}, peak {j.get('peak_bf16_flops')}); "
+                    f"torch {v.get('torch')} (CUDA {t.get('cuda_version')}, cuDNN {t.get('cudnn')}); "
+                    f"Python {info['python']}; {info['cpu_cores']} x {info['cpu']}")  # fmt: skip
     return info
+
+
+def _jax_info() -> dict:
+    import jax
+
+    from train.flops import peak_flops_for
+
+    kind = jax.devices()[0].device_kind
+    return {"backend": jax.default_backend(), "devices": [str(x) for x in jax.devices()],
+            "device_kind": kind, "peak_bf16_flops": peak_flops_for(kind)}  # fmt: skip
+
+
+def _torch_info() -> dict:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return {"cuda": cuda, "cuda_version": torch.version.cuda,
+            **({"device": torch.cuda.get_device_name(0), "cudnn": torch.backends.cudnn.version()}
+               if cuda else {})}  # fmt: skip
 
 
 def main(argv: list[str] | None = None):

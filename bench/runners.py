@@ -191,24 +191,19 @@ class _Runner:
 # JAX: the trainer's step
 
 
-class _CompileCounter:
-    """Counts XLA backend compilations in this process (jax.monitoring duration events)."""
+_COMPILES: list[float] = []  # the XLA backend compilations of this process, once counting
 
-    count = 0
-    _registered = False
 
-    @classmethod
-    def install(cls):
-        if cls._registered:
-            return
-        import jax
+def _count_compiles() -> None:
+    import jax
 
-        def listener(event, duration_secs, **kwargs):
-            if event == "/jax/core/compile/backend_compile_duration":
-                cls.count += 1
+    def seen(event: str, secs: float, **kwargs) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            _COMPILES.append(secs)
 
-        jax.monitoring.register_event_duration_secs_listener(listener)
-        cls._registered = True
+    if not getattr(_count_compiles, "counting", False):
+        jax.monitoring.register_event_duration_secs_listener(seen)
+        _count_compiles.counting = True
 
 
 def _loss_of(metrics: dict) -> float:
@@ -244,7 +239,7 @@ class JaxRunner(_Runner):
         from train.families import make_task
         from train.jit import jit_train_step
 
-        _CompileCounter.install()
+        _count_compiles()
         self.tcfg = OmegaConf.create(self.cfg["trainer_cfg"])
         self.mesh = mesh_lib.make_mesh(self.tcfg.mesh)
         self.task = make_task(self.tcfg, self.mesh, need_data=False)  # x64 for the float64 loss
@@ -262,19 +257,12 @@ class JaxRunner(_Runner):
             where = f"preset for {dev.device_kind}" if dev.platform != "cpu" else (
                 f"measured: best fp32 1024^3 matmul through XLA on {cpu_count()} core(s)")  # fmt: skip
             self.peak = (peak_flops(dev), where)
-        return {
-            "peak_flops": getattr(self, "peak", None),
-            "framework": "jax " + jax.__version__,
-            "device": f"{dev.platform}:{dev.device_kind}",
-            "num_devices": jax.device_count(),
-            "mesh": dict(self.mesh.shape),
-            "step": "train.jit.jit_train_step(train.families.make_task(cfg, mesh)) "
-            "(jax.jit, NamedShardings, donate_argnums=0)",
-            "task_flops_per_step": float(self.task.flops_per_step),
-            "attention_impl": _jax_attention_impl(self.task.model_cfg),
-            "batch_source": self.batch_source,
-            "state_elements": int(sum(getattr(x, "size", 0) for x in jax.tree.leaves(self.state))),
-        }
+        return {"peak_flops": getattr(self, "peak", None), "framework": "jax " + jax.__version__,
+                "device": f"{dev.platform}:{dev.device_kind}", "num_devices": jax.device_count(),
+                "mesh": dict(self.mesh.shape), "step": "train.jit.jit_train_step(train.families"
+                ".make_task(cfg, mesh)) (jax.jit, NamedShardings, donate_argnums=0)",
+                "attention_impl": _jax_attention_impl(self.task.model_cfg),
+                "batch_source": self.batch_source}  # fmt: skip
 
     def run(self, n: int):
         import jax
@@ -305,7 +293,7 @@ class JaxRunner(_Runner):
     def stats(self) -> dict:
         import jax
 
-        out = {"compiles": _CompileCounter.count}
+        out = {"compiles": len(_COMPILES)}
         dev = jax.devices()[0]
         if dev.platform != "cpu":
             out["device_peak_bytes"] = (dev.memory_stats() or {}).get("peak_bytes_in_use")

@@ -20,7 +20,8 @@ from pathlib import Path
 from bench import gpu, timings
 from bench.configs import experiment_steps
 from bench.curves import step_table
-from bench.report import speed_markdown, ttq_markdown
+from bench.speed import speed_markdown
+from bench.ttq import ttq_markdown
 from train.errors import ConfigError, OneLineParser
 
 REPO = Path(__file__).resolve().parent.parent
@@ -201,9 +202,9 @@ def table_gpu() -> str:
         ("trm_sudoku: the trainer against its bare step, the trainer's own batches",
          gpu.show_trainer(f["trainer"]), run2, "trm_sudoku.trainer"),
         ("trm_sudoku: JAX, torch eager, torch.compile, interleaved on Sudoku-Extreme batches",
-         gpu.show_speed(part(h200, "b.trm_sudoku")), h200, "trm_sudoku.speed"),
+         gpu.show_speed(part(h200, "b.trm_sudoku")["bench"]), h200, "trm_sudoku.speed"),
         ("gpt2_124m (12 x 1024 tokens, Zipf(1) ids): the same",
-         gpu.show_speed(part(h200, "c.gpt2_124m")), h200, "gpt2_124m.speed"),
+         gpu.show_speed(part(h200, "c.gpt2_124m")["bench"]), h200, "gpt2_124m.speed"),
         ("gpt2_124m: candidate step variants against the default (then log_softmax)",
          gpu.show_variants(_json("h200_run2/gpt2_variants_second_call.json")),
          "h200_run2/gpt2_variants_second_call.json", "gpt2_124m.variants"),

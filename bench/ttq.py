@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bench import configs as bench_configs
 from bench.machine import detect_device, loadavg, result_header
-from bench.report import ttq_markdown
+from bench.speed import load_average, table_head
 from bench.worker import Worker, WorkerError, record_error
 from train.errors import ConfigError, OneLineParser
 
@@ -166,3 +166,23 @@ def main(argv: list[str] | None = None) -> dict:
     print(ttq_markdown(result))
     print(f"wrote {out_dir / JSON_NAME}")
     return result
+
+
+def ttq_markdown(result: dict) -> str:
+    """What a time-to-quality record says: one row per implementation and config."""
+    lines = [
+        f"`{result['command']}` at {result['started_utc']}; {load_average(result)}.",
+        *table_head("config|impl|metric (target)|reached|steps|wall s (incl. compile)|final value"),
+    ]
+    for rec in result["results"]:
+        for impl, res in rec["impls"].items():
+            if res["status"] != "ok":
+                lines.append(f"| {rec['config']} | {impl} | error: {res.get('error')} | | | | |")
+                continue
+            wall = res.get("wall_to_target_s", res["busy_s"])
+            final = res["curve"][-1][rec["metric"]] if res["curve"] else float("nan")
+            lines.append(
+                f"| {rec['config']} | {impl} | {rec['metric']} ({rec['target']}) "
+                f"| {'yes' if res['reached'] else 'no'} | {res['steps']} | {wall:.1f} | {final:.4f} |"
+            )
+    return "\n".join(lines)

@@ -58,33 +58,24 @@ def main(argv=None):
     resolved = [configs.resolve(cfg, jax_overrides=v, data_path=args.data_path) for v in variants]
     print(f"XLA_FLAGS: {apply_config_xla_flags(resolved[0])!r}", flush=True)  # the trainer's
     import jax
-    from omegaconf import OmegaConf
-
-    from train import mesh as mesh_lib
-    from train.families import make_task
-    from train.jit import build_train_step
 
     built = []
     for ov, rc in zip(variants, resolved):
-        tcfg = OmegaConf.create(rc["trainer_cfg"])
-        mesh = mesh_lib.make_mesh(tcfg.mesh)
-        task = make_task(tcfg, mesh, need_data=False)
-        jitted, abstract = build_train_step(tcfg, mesh, task=task)
+        r = runners.JaxRunner(rc, {"seed": 0, "device": args.device})
+        r.setup()
         t0 = time.perf_counter()
-        lowered = jitted.lower(*abstract)
+        lowered = r.step_fn.lower(r.state, r.batch)
         t1 = time.perf_counter()
         compiled = lowered.compile()
         t2 = time.perf_counter()
-        state = task.create_state()
-        batch = runners.place_batch(task, runners.make_batch(rc, 0)[0])
-        state, m = compiled(state, batch)
+        state, m = compiled(r.state, r.batch)
         jax.block_until_ready(m)
         mem = compiled.memory_analysis()
         built.append({"overrides": dict(o.split("=", 1) for o in ov), "lower_s": t1 - t0,
                       "compile_s": t2 - t1,
                       "temp_bytes": getattr(mem, "temp_size_in_bytes", None) if mem else None,
                       "hlo_chars": len(lowered.as_text()), "fn": compiled, "state": state,
-                      "batch": batch, "times": []})  # fmt: skip
+                      "batch": r.batch, "times": []})  # fmt: skip
     for _ in range(args.steps):
         for v in built:
             t0 = time.perf_counter()

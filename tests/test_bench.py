@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from bench import configs as bench_configs
-from bench import report, speed
+from bench import speed
 from bench.machine import gpu_names
 from bench.speed import paired_ratios, summarize
 from models.gpt import GPTConfig
@@ -97,7 +97,7 @@ def test_two_step_run_writes_complete_record(tmp_path, monkeypatch):
     assert set(rec["ratios"]) == {"jax/torch_eager"}
     # same initial loss scale on both sides: ln(16) for a fresh model on uniform tokens
     assert abs(rec["impls"]["jax"]["losses"][0] - rec["impls"]["torch_eager"]["losses"][0]) < 0.5
-    assert "| micro_gpt | jax | " in report.speed_markdown(result)
+    assert "| micro_gpt | jax | " in speed.speed_markdown(result)
 
 
 def test_failing_impl_is_reported_not_raised(tmp_path, monkeypatch):
@@ -109,7 +109,7 @@ def test_failing_impl_is_reported_not_raised(tmp_path, monkeypatch):
     result = speed.main([*argv.split(), "--out", str(tmp_path)])
     res = result["results"][0]["impls"]["torch_eager"]
     assert res["status"] == "error" and "Error" in res["error"]
-    assert "| bad_gpt | torch_eager | error: " in report.speed_markdown(result)
+    assert "| bad_gpt | torch_eager | error: " in speed.speed_markdown(result)
 
 
 def test_bench_configs_compose_the_trainer_experiments():

@@ -26,7 +26,6 @@ import numpy as np
 import pytest
 
 from bench import gpu
-from parity.compare import FLOAT32
 from tests.helpers import build_tiny_text, without_session_cache
 from train.errors import ConfigError
 
@@ -140,7 +139,7 @@ def _check_measured(by: dict) -> None:
         assert "sudoku-extreme-1k" in r["batch_source"] and r["schedule_steps"] > 0
     for key in ("trm_sudoku.speed", "gpt2_124m.speed"):
         if key in res:
-            (result,) = res[key]["bench"]["results"]
+            (result,) = res[key]["results"]
             assert result["config"] == gpu.DRY_CONFIG[key.split(".")[0]]
             assert {i: v["status"] for i, v in result["impls"].items()} == {
                 "jax": "ok", "torch_eager": "ok"}  # fmt: skip
@@ -159,7 +158,7 @@ def _check_measured(by: dict) -> None:
 
 
 def _check_step_parts(res: dict) -> None:
-    """What the flag sets, variants, profiles and the early curve that ended ok measured."""
+    """What the flag sets, variants, profiles and upstream's pretrain.py that ended ok measured."""
     for key, r in res.items():
         config = key.split(".")[0]
         if key.endswith(".flags"):  # base, each set, base: every flag parses in this XLA
@@ -172,10 +171,8 @@ def _check_step_parts(res: dict) -> None:
         elif ".profile_" in key:  # a per-op table of the step (and the JAX step's HLO)
             assert r["traced_ms_per_step"] > 0 and len(r["rows"]) >= 3, r
             assert ("hlo" in r) == key.endswith("_jax"), r
-        elif key.endswith("early_curve"):  # upstream's loop and ours on its batches: the same run
-            assert r["steps"] == len(r["rows"]) == 6 and r["halting_differs_at"] == [], r
-            # a float32 forward here (trm_sudoku_tiny); measured 5.4e-8 on an AMD AVX-512 CPU
-            assert r["lm_loss_rel_diff_max"] < FLOAT32.rtol, r
+        elif key.endswith(".upstream"):  # pretrain.py stepping on the Sudoku set, until its box
+            assert r["steps_per_s"] > 0 and r["measured_steps"] >= 1, r
 
 
 @pytest.mark.slow
@@ -198,7 +195,8 @@ def test_dry_run_every_part_ends_ok_given_the_time(tmp_path):
     env = without_session_cache()  # its cold and warm runs time the compilation cache
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env.pop("OUT", None)
-    boxes = [f"--box={p.key}={300}" for p in gpu.plan()]
+    # 300 s for each part, 90 s for upstream's pretrain.py: a throughput window, ended by its box
+    boxes = [f"--box={p.key}={90 if p.ok_at_box else 300}" for p in gpu.plan()]
     cmd = [sys.executable, "-m", "bench", "gpu", "--dry-run", "--out", str(out), "--assets",
            str(assets), *boxes]  # fmt: skip
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=3000)
@@ -212,8 +210,8 @@ def test_dry_run_every_part_ends_ok_given_the_time(tmp_path):
     by = {r["part"]: r for r in parts}
     for r in parts:
         if r["status"] == "skipped":
-            assert r["part"] in ("shakespeare.nanogpt", "trm_sudoku.early_curve"), r
-            assert r["reason"].startswith("missing ") and "upstream" in r["reason"], r
+            assert r["part"] in ("shakespeare.nanogpt", "trm_sudoku.upstream"), r
+            assert r["reason"].startswith("missing "), r  # a checkout, or what pretrain.py imports
             continue
         assert r["status"] == "ok", r
         assert {"returncode", "wall_s", "box_s", "command", "result"} <= set(r), r
