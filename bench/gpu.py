@@ -347,7 +347,7 @@ def plan() -> list[Part]:
                "--data {assets}/data/shakespeare_char --out {work}/nanogpt -- "
                "--out_dir={work}/nanogpt/out")  # fmt: skip
     upstream = ("-m bench.upstream_runs trm --experiment {size} --data {data} --seed 0 --device "
-                "{cuda} --log-every 1 --out {work}/upstream-trm --src "
+                "{cuda} --log-every 1 --train-only --out {work}/upstream-trm --src "
                 "{assets}/upstream/TinyRecursiveModels --adam-atan2-src {assets}/upstream/adam-atan2")  # fmt: skip
     bins = "data/shakespeare_char/train.bin"
     fresh_inductor = {"TORCHINDUCTOR_CACHE_DIR": "{work}/inductor-cache",
@@ -416,7 +416,7 @@ def plan() -> list[Part]:
 # The driver
 
 
-class Session:
+class PlanRun:
     """Runs parts one after another within their boxes, writing every record as it is made."""
 
     def __init__(self, ctx: Ctx, *, budget_s=None, boxes=None, min_box_s: float = MIN_BOX_S):
@@ -562,14 +562,14 @@ def run_plan(argv: list[str]) -> list[dict]:
     assets = Path(a.assets).resolve()
     ctx = Ctx(out=out, work=Path(work).resolve(), assets=assets, dry_run=a.dry_run)
     commits = assets / "upstream" / "COMMITS"
-    header = {"kind": "session", "started_utc": utc_now(), "dry_run": a.dry_run,
+    header = {"kind": "plan", "started_utc": utc_now(), "dry_run": a.dry_run,
               "command": "python -m bench gpu " + shlex.join(argv), "git_commit": git_commit(),
               "budget_s": a.budget_s, "boxes": boxes, "assets": str(assets), "work": str(ctx.work),
               "upstream_commits": "; ".join(commits.read_text().strip().splitlines())
               if commits.exists() else None}  # fmt: skip
     # stopped from outside: end the part in flight (run_streamed's finally) and exit
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    records = Session(ctx, budget_s=a.budget_s, boxes=boxes).run(parts, header)
+    records = PlanRun(ctx, budget_s=a.budget_s, boxes=boxes).run(parts, header)
     print((ctx.out / SUMMARY).read_text(), flush=True)
     print(f"[gpu] wrote {ctx.out / RESULTS}, {ctx.out / SUMMARY} and {ctx.out / LOG}", flush=True)
     return records

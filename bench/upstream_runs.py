@@ -3,6 +3,7 @@
     python -m bench.upstream_runs nanogpt --src NANOGPT --data DIR --seed S --out DIR [-- ARGS]
     python -m bench.upstream_runs trm --src TRM --adam-atan2-src ADAM --experiment NAME --data DIR
                                       --seed S --out DIR [--device cpu|cuda] [--log-every K]
+                                      [--train-only]
 
 nanogpt: nanoGPT's train.py as `python train.py config/train_shakespeare_char.py ARGS` runs it,
 from a scratch directory whose data/shakespeare_char is DIR; for a seed other than train.py's
@@ -72,7 +73,10 @@ def run_trm(a, overrides: list[str]) -> None:
             return result
 
     src, out = a.src.resolve(), a.out.resolve()
-    ours = upstream_trm_overrides(trainer_config(a.experiment))
+    cfg = trainer_config(a.experiment)
+    ours = upstream_trm_overrides(cfg)
+    if a.train_only:  # its one evaluation after the last epoch (a data set without a test split)
+        ours.append(f"eval_interval={cfg['trainer']['epochs']}")
     out.mkdir(parents=True, exist_ok=True)
     os.chdir(out)  # pretrain.py's relative paths (wandb, checkpoints) land in the run's folder
     with pretrain(src, a.adam_atan2_src.resolve(), device=a.device) as (pt, _imp):
@@ -100,6 +104,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="trm only")
     p.add_argument("--log-every", type=int, default=0, help="trm only: print every K-th step")
+    p.add_argument(
+        "--train-only", action="store_true", help="trm only: no evaluation before the end"
+    )
     a = p.parse_args(argv)
     if a.which == "nanogpt":
         run_nanogpt(a.src, a.data, a.seed, a.out, rest)

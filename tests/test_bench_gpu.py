@@ -38,11 +38,11 @@ def _command(key: str, code: str, **kw) -> gpu.Part:
                     **kw)  # fmt: skip
 
 
-def _run(tmp_path, parts, **session) -> dict:
+def _run(tmp_path, parts, **kw) -> dict:
     ctx = gpu.Ctx(out=tmp_path / "out", work=tmp_path / "work", assets=tmp_path, dry_run=False)
-    gpu.Session(ctx, **session).run(parts, {"kind": "session", "command": "test"})
+    gpu.PlanRun(ctx, **kw).run(parts, {"kind": "plan", "command": "test"})
     records = [json.loads(line) for line in (ctx.out / gpu.RESULTS).read_text().splitlines()]
-    assert [r["kind"] for r in records] == ["session", *["part"] * len(parts), "end"]
+    assert [r["kind"] for r in records] == ["plan", *["part"] * len(parts), "end"]
     summary = (ctx.out / gpu.SUMMARY).read_text()
     assert all(f"| {p.key} |" in summary for p in parts)
     return {r["part"]: r for r in records if r["kind"] == "part"}
@@ -203,7 +203,7 @@ def test_dry_run_every_part_ends_ok_given_the_time(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     records = [json.loads(line) for line in (out / gpu.RESULTS).read_text().splitlines()]
-    assert records[0]["kind"] == "session" and records[0]["dry_run"] is True
+    assert records[0]["kind"] == "plan" and records[0]["dry_run"] is True
     assert records[-1]["kind"] == "end"
     parts = [r for r in records if r["kind"] == "part"]
     assert [r["part"] for r in parts] == [p.key for p in gpu.plan()]
