@@ -15,6 +15,7 @@ import functools
 import json
 import re
 import statistics
+import textwrap
 from pathlib import Path
 
 from bench import gpu, timings
@@ -288,11 +289,11 @@ def table_curves() -> str:
         t = {i: round(v["median_s"]) for i, v in s["time_to_target"].items()}
         walls = {i: round(statistics.median(r["wall_s"] for r in runs[i].values())) for i in runs}
         out += [f"**{name}** (`{s['metric']}`, {final(name)['n']} seeds a side):", "",
-                *step_table(rec), "", f"Our mean within upstream's seed range at "
+                *step_table(rec), "", textwrap.fill(f"Our mean within upstream's seed range at "
                 f"{s['within_spread'].replace('/', ' of ')} evaluations. Time to {s['metric']} "
                 f"{'<=' if s['mode'] == 'min' else '>='} {s['target']} (the first evaluation "
                 f"there, seconds from the process's start, median over seeds): ours {t['jax']} s, "
-                f"upstream {t['upstream']} s; whole runs {walls['jax']} s and {walls['upstream']} s.",
+                f"upstream {t['upstream']} s; whole runs {walls['jax']} s and {walls['upstream']} s.", 100),
                 ""]  # fmt: skip
     return "\n".join(out[:-1])
 
