@@ -2,7 +2,7 @@
 
     python -m bench curves [--configs gpt_shakespeare_char_cpu,trm_sudoku_cpu] [--impls jax,upstream]
                            [--seeds 3] --upstream-src DIR [--upstream-src DIR ...]
-                           [--input PATH] [--out bench/results/curves] [--plot PATH.png]
+                           [--input PATH] [--out bench/results/curves] [--plot PATH.png] [--resume]
 
 Each (config, seed, implementation) is one whole run in its own process, run one after another
 and interleaved (seed 0 jax, seed 0 upstream, seed 1 jax, ...), so machine drift hits both sides
@@ -10,24 +10,21 @@ alike. The JAX side is `python -m train.main +experiment=<config> run.seed=S` ex
 runs it (persistent compilation cache off: every run compiles); the upstream side is
 bench/upstream_runs.py (nanoGPT's train.py as a script; TRM's pretrain.py `launch`). Both train on
 the same data set (built once, by our builders, before any clock starts) with the settings of
-CURVES below, and report the evaluations they log themselves.
+CURVES below, and report the evaluations they log themselves. --upstream-src takes the checkouts
+(karpathy/nanoGPT, SamsungSAILMontreal/TinyRecursiveModels, imoneoi/adam-atan2), each recognised
+by its files.
 
---upstream-src takes the checkouts: a karpathy/nanoGPT one (train.py), a
-SamsungSAILMontreal/TinyRecursiveModels one (pretrain.py) and an imoneoi/adam-atan2 one (the TRM
-side's optimizer); each is recognised by its files.
-
-Recorded per run: every evaluation (step, metric value, seconds since the process started, so
-start-up and the first call are included), the exit status and the wall time. Summarised per
-config: per evaluation step each side's mean, min and max over seeds and whether the JAX mean lies
-within upstream's [min, max] ("within spread"); per side the time to the target (the first
-evaluation at or past it; median over seeds). Output: OUT/curves.json, OUT/curves.md (the tables),
-OUT/<run>.log, OUT/runs/<run>/ (the JAX run directories, for `python -m train.evaluate`; upstream's
-checkpoints), the figure.
+Recorded per run: every evaluation (step, value, seconds since the process started, so start-up
+and the first call count), the exit status and the wall time. Summarised per config: per
+evaluation step each side's mean, min and max over seeds and whether the JAX mean lies within
+upstream's [min, max]; per side the time to the target (the first evaluation at or past it;
+median over seeds). Output: OUT/curves.json, OUT/curves.md (the tables), OUT/<run>.log,
+OUT/runs/<run>/ (the run directories, for `python -m train.evaluate`), the figure. --resume keeps
+the runs OUT/curves.json holds and runs only the missing ones.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib.util
 import json
@@ -36,12 +33,11 @@ import re
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from bench.machine import detect_device, result_header
+from bench.machine import detect_device, result_header, run_streamed
+from train.errors import ConfigError, OneLineParser
 
 JSON_NAME = "curves.json"
 REPO = Path(__file__).resolve().parent.parent
@@ -60,105 +56,48 @@ class Curve:
 
 
 CURVES = {
+    # nanoGPT README's CPU recipe, word for word (configs/experiment/gpt_shakespeare_char_cpu.yaml)
     "gpt_shakespeare_char_cpu": Curve(
-        experiment="gpt_shakespeare_char_cpu",
-        family="gpt",
-        metric="eval/val_loss",
-        upstream_metric="val loss",
-        mode="min",
-        target=2.0,
-        base_seed=1337,
-        # nanoGPT README's CPU recipe, word for word (configs/experiment/gpt_shakespeare_char_cpu.yaml)
-        upstream_args=(
-            "--device=cpu",
-            "--compile=False",
-            "--eval_iters=20",
-            "--log_interval=1",
-            "--block_size=64",
-            "--batch_size=12",
-            "--n_layer=4",
-            "--n_head=4",
-            "--n_embd=128",
-            "--max_iters=2000",
-            "--lr_decay_iters=2000",
-            "--dropout=0.0",
-        ),
-    ),
-    "trm_sudoku_cpu": Curve(
-        experiment="trm_sudoku_cpu",
-        family="trm",
-        metric="eval/all/exact_accuracy",
-        upstream_metric="all/exact_accuracy",
-        mode="max",
-        target=0.3,
-        base_seed=0,
-    ),
-}
+        "gpt_shakespeare_char_cpu", "gpt", "eval/val_loss", "val loss", "min", 2.0, 1337,
+        tuple("--device=cpu --compile=False --eval_iters=20 --log_interval=1 --block_size=64 "
+              "--batch_size=12 --n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 "
+              "--lr_decay_iters=2000 --dropout=0.0".split())),
+    "trm_sudoku_cpu": Curve("trm_sudoku_cpu", "trm", "eval/all/exact_accuracy",
+                            "all/exact_accuracy", "max", 0.3, 0),
+}  # fmt: skip
 
 # our TRM config -> upstream's Hydra keys (config/cfg_pretrain.yaml, config/arch/trm.yaml)
-TRM_ARCH_KEYS = (
-    "H_cycles",
-    "L_cycles",
-    "H_layers",
-    "L_layers",
-    "hidden_size",
-    "expansion",
-    "num_heads",
-    "pos_encodings",
-    "halt_max_steps",
-    "halt_exploration_prob",
-    "forward_dtype",
-    "mlp_t",
-    "puzzle_emb_ndim",
-    "puzzle_emb_len",
-    "no_ACT_continue",
-)
-TRM_OPTIM_KEYS = (
-    "lr",
-    "lr_min_ratio",
-    "lr_warmup_steps",
-    "beta1",
-    "beta2",
-    "weight_decay",
-    "puzzle_emb_lr",
-    "puzzle_emb_weight_decay",
-    "ema",
-    "ema_rate",
-)
-
-
-# ----------------------------------------------------------------------------------------------
-# Settings
+TRM_ARCH_KEYS = ("H_cycles L_cycles H_layers L_layers hidden_size expansion num_heads "
+                 "pos_encodings halt_max_steps halt_exploration_prob forward_dtype mlp_t "
+                 "puzzle_emb_ndim puzzle_emb_len no_ACT_continue").split()  # fmt: skip
+TRM_OPTIM_KEYS = ("lr lr_min_ratio lr_warmup_steps beta1 beta2 weight_decay puzzle_emb_lr "
+                  "puzzle_emb_weight_decay ema ema_rate").split()  # fmt: skip
 
 
 def upstream_sources(dirs: list[str]) -> dict[str, Path]:
     """{"nanogpt" | "trm" | "adam_atan2": checkout}, each recognised by its files."""
+    kinds = {"nanogpt": ("train.py", "model.py"), "trm": ("pretrain.py", "puzzle_dataset.py"),
+             "adam_atan2": ("adam_atan2/adam_atan2.py",)}  # fmt: skip
     found: dict[str, Path] = {}
     for d in dirs:
         p = Path(d).expanduser().resolve()
-        if (p / "train.py").is_file() and (p / "model.py").is_file():
-            kind = "nanogpt"
-        elif (p / "pretrain.py").is_file() and (p / "puzzle_dataset.py").is_file():
-            kind = "trm"
-        elif (p / "adam_atan2" / "adam_atan2.py").is_file():
-            kind = "adam_atan2"
-        else:
-            raise SystemExit(
-                f"bench curves: --upstream-src {d}: not a nanoGPT (train.py, model.py), "
-                "TinyRecursiveModels (pretrain.py) or adam-atan2 (adam_atan2/) checkout"
-            )
+        kind = next(
+            (k for k, files in kinds.items() if all((p / f).is_file() for f in files)), None
+        )
+        if kind is None:
+            raise ConfigError(f"bench curves: --upstream-src {d}: not a nanoGPT (train.py, model.py), "
+                             "TinyRecursiveModels (pretrain.py) or adam-atan2 (adam_atan2/) checkout")  # fmt: skip
         found[kind] = p
     return found
 
 
-def trainer_config(curve: Curve, overrides: list[str] = ()) -> dict:
+def trainer_config(experiment: str) -> dict:
     """The experiment composed exactly as `python -m train.main +experiment=...` composes it."""
     from omegaconf import OmegaConf
 
     from train.compose import load_config
 
-    cfg = load_config([f"+experiment={curve.experiment}", *overrides])
-    return OmegaConf.to_container(cfg, resolve=True)
+    return OmegaConf.to_container(load_config([f"+experiment={experiment}"]), resolve=True)
 
 
 def upstream_trm_overrides(cfg: dict) -> list[str]:
@@ -166,68 +105,18 @@ def upstream_trm_overrides(cfg: dict) -> list[str]:
     optimiser, schedule (epochs, eval_interval) and batch; no evaluators (Sudoku has none)."""
     m, o, t, d = cfg["model"], cfg["optim"], cfg["trainer"], cfg["data"]
     if m.get("arch", "trm") != "trm":
-        raise SystemExit(f"bench curves: upstream TRM runs need arch=trm, not {m['arch']}")
+        raise ConfigError(f"bench curves: upstream TRM runs need arch=trm, not {m['arch']}")
 
     def v(x):
         return str(x).lower() if isinstance(x, bool) else str(x)
 
-    out = [f"arch.{k}={v(m[k])}" for k in TRM_ARCH_KEYS]
-    out.append(f"arch.loss.loss_type={m['loss_type']}")
-    out += [f"{k}={v(o[k])}" for k in TRM_OPTIM_KEYS]
-    out += [
-        f"global_batch_size={t['global_batch_size']}",
-        f"epochs={t['epochs']}",
-        f"eval_interval={d['eval_interval_epochs']}",
-        "evaluators=[]",
-    ]
-    return out
+    return [*(f"arch.{k}={v(m[k])}" for k in TRM_ARCH_KEYS), f"arch.loss.loss_type={m['loss_type']}",
+            *(f"{k}={v(o[k])}" for k in TRM_OPTIM_KEYS), f"global_batch_size={t['global_batch_size']}",
+            f"epochs={t['epochs']}", f"eval_interval={d['eval_interval_epochs']}", "evaluators=[]"]  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------
 # Runs
-
-
-def _timed_lines(cmd: list[str], cwd: Path, env: dict, log: Path, timeout_s: float):
-    """Run `cmd`, yield (seconds since start, line) as each stdout/stderr line arrives; the
-    log file gets every line. The return code is the generator's return value."""
-    t0 = time.monotonic()
-    with open(log, "w") as f:
-        f.write("$ " + shlex.join(cmd) + "\n")
-        proc = subprocess.Popen(
-            cmd,
-            cwd=cwd,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-        )
-        try:
-            for line in proc.stdout:
-                t = time.monotonic() - t0
-                f.write(line)
-                f.flush()  # the log can be followed while the run goes on
-                yield t, line.rstrip("\n")
-                if t > timeout_s:
-                    proc.kill()
-                    break
-        finally:
-            proc.wait()
-    return proc.returncode
-
-
-def _collect(lines, parse) -> tuple[list[dict], int, float]:
-    evals, rc, t = [], None, 0.0
-    gen = lines
-    try:
-        while True:
-            t, line = next(gen)
-            e = parse(line)
-            if e is not None:
-                evals.append({**e, "t": round(t, 2)})
-    except StopIteration as stop:
-        rc = stop.value
-    return evals, rc, t
 
 
 _JAX_EVAL = re.compile(r"^step (\d+): (.*)$")
@@ -235,106 +124,88 @@ _NANOGPT_EVAL = re.compile(r"^step (\d+): train loss ([\d.]+), val loss ([\d.]+)
 _TRM_EVAL = re.compile(r"^eval step (\d+): (\{.*\})$")
 
 
-def _env() -> dict:
+def _run(cmd: list[str], log: Path, timeout_s: float, parse) -> dict:
+    """Run `cmd`; every line `parse` turns into an evaluation is kept with its time."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return env
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    evals = []
+
+    def on_line(t, line):
+        if (e := parse(line)) is not None:
+            evals.append({**e, "t": round(t, 2)})
+
+    with open(log, "w") as f:
+        rc, wall, _ = run_streamed(cmd, box_s=timeout_s, log=f, env=env, on_line=on_line)
+    return {"evals": evals, "returncode": rc, "wall_s": round(wall, 2), "command": shlex.join(cmd)}
 
 
 def run_jax(curve: Curve, seed: int, data: str, work: Path, log: Path, timeout_s: float) -> dict:
     name = f"{curve.experiment}-jax-seed{seed}"
     shutil.rmtree(work / name, ignore_errors=True)  # a left-over run would be resumed, not rerun
-    cmd = [
-        sys.executable,
-        "-m",
-        "train.main",
-        f"+experiment={curve.experiment}",
-        f"run.seed={seed}",
-        f"run.out_dir={work}",
-        f"run.name={name}",
-        "run.compilation_cache_dir=null",
-        "run.cpu_heap=false",  # glibc's default malloc, as upstream's process has: a fair time
-        "logging=off",
-        "trainer.progress_bar=false",
-        f"data.path={data}",
-    ]
+    cmd = [sys.executable, "-m", "train.main", f"+experiment={curve.experiment}", f"run.seed={seed}",
+           f"run.out_dir={work}", f"run.name={name}", "run.compilation_cache_dir=null",
+           "run.cpu_heap=false",  # glibc's default malloc, as upstream's process has: a fair time
+           "logging=off", "trainer.progress_bar=false", f"data.path={data}"]  # fmt: skip
 
     def parse(line):  # the console's eval line: its time; the value comes from metrics.jsonl
         m = _JAX_EVAL.match(line)
         return {"step": int(m.group(1))} if m and curve.metric in m.group(2) else None
 
-    evals, rc, wall = _collect(_timed_lines(cmd, REPO, _env(), log, timeout_s), parse)
-    values = {}
-    metrics = work / name / "metrics.jsonl"
-    if metrics.exists():
-        for row in map(json.loads, metrics.read_text().splitlines()):
-            if curve.metric in row:
-                values[int(row["step"])] = float(row[curve.metric])
-    seen, out = set(), []
-    for e in evals:
-        if e["step"] in values and e["step"] not in seen:
-            seen.add(e["step"])
-            out.append({"step": e["step"], "value": values[e["step"]], "t": e["t"]})
-    return {"evals": out, "returncode": rc, "wall_s": round(wall, 2), "command": shlex.join(cmd)}
+    r = _run(cmd, log, timeout_s, parse)
+    metrics, values = work / name / "metrics.jsonl", {}
+    for row in map(json.loads, metrics.read_text().splitlines() if metrics.exists() else []):
+        if curve.metric in row:
+            values[int(row["step"])] = float(row[curve.metric])
+    firsts = {e["step"]: e for e in reversed(r["evals"]) if e["step"] in values}
+    r["evals"] = [{**e, "value": values[s]} for s, e in sorted(firsts.items())]
+    return r
 
 
-def run_upstream(
-    curve: Curve, seed: int, data: str, work: Path, log: Path, timeout_s: float, srcs: dict
-) -> dict:
+def run_upstream(curve, seed, data, work: Path, log: Path, timeout_s: float, srcs: dict) -> dict:
     out = work / f"{curve.experiment}-upstream-seed{seed}"
     shutil.rmtree(out, ignore_errors=True)
-    base = [sys.executable, "-m", "bench.upstream_runs"]
+    cmd = [sys.executable, "-m", "bench.upstream_runs"]
     if curve.family == "gpt":
         if "nanogpt" not in srcs:
-            raise SystemExit("bench curves: the GPT upstream side needs a nanoGPT --upstream-src")
-        args = [*curve.upstream_args, f"--out_dir={out / 'out'}"]
-        cmd = base + ["nanogpt", "--src", str(srcs["nanogpt"])]
-        cmd += ["--data", data, "--seed", str(seed), "--out", str(out), "--", *args]
+            raise ConfigError("bench curves: the GPT upstream side needs a nanoGPT --upstream-src")
+        cmd += ["nanogpt", "--src", str(srcs["nanogpt"]), "--data", data, "--seed", str(seed),
+                "--out", str(out), "--", *curve.upstream_args, f"--out_dir={out / 'out'}"]  # fmt: skip
 
         def parse(line):
             m = _NANOGPT_EVAL.match(line)
             return {"step": int(m.group(1)), "value": float(m.group(3))} if m else None
 
-    else:
-        missing = [k for k in ("trm", "adam_atan2") if k not in srcs]
-        if missing:
-            raise SystemExit(
-                "bench curves: the TRM upstream side needs --upstream-src checkouts of "
-                "TinyRecursiveModels and adam-atan2; missing: " + ", ".join(missing)
-            )
-        overrides = upstream_trm_overrides(trainer_config(curve))
-        cmd = base + ["trm", "--src", str(srcs["trm"]), "--adam-atan2-src", str(srcs["adam_atan2"])]
-        cmd += ["--data", data, "--seed", str(seed), "--out", str(out), "--", *overrides]
-        key = curve.upstream_metric.split("/")
+        return _run(cmd, log, timeout_s, parse)
+    if missing := [k for k in ("trm", "adam_atan2") if k not in srcs]:
+        raise ConfigError("bench curves: the TRM upstream side needs --upstream-src checkouts of "
+                         f"TinyRecursiveModels and adam-atan2; missing: {', '.join(missing)}")  # fmt: skip
+    cmd += ["trm", "--src", str(srcs["trm"]), "--adam-atan2-src", str(srcs["adam_atan2"]),
+            "--experiment", curve.experiment, "--data", data, "--seed", str(seed), "--out",
+            str(out)]  # fmt: skip
 
-        def parse(line):
-            m = _TRM_EVAL.match(line)
-            if not m:
-                return None
-            value = json.loads(m.group(2))
-            for k in key:
-                value = value[k]
-            return {"step": int(m.group(1)), "value": float(value)}
+    def parse(line):
+        m = _TRM_EVAL.match(line)
+        if not m:
+            return None
+        value = json.loads(m.group(2))
+        for k in curve.upstream_metric.split("/"):
+            value = value[k]
+        return {"step": int(m.group(1)), "value": float(value)}
 
-    evals, rc, wall = _collect(_timed_lines(cmd, REPO, _env(), log, timeout_s), parse)
-    return {"evals": evals, "returncode": rc, "wall_s": round(wall, 2), "command": shlex.join(cmd)}
+    return _run(cmd, log, timeout_s, parse)
 
 
 def prepare_data(curve: Curve, input_path: str | None) -> str:
-    """The experiment's data set, built by our builders if missing (bench ttq's preparation, which
-    builds it as the trainer does); its absolute path."""
+    """The experiment's data set, built by our builders if missing (as the trainer builds it)."""
     from bench.ttq import prepare_data as build_if_missing
 
-    rc = {"config": curve.experiment, "family": curve.family, "trainer_cfg": trainer_config(curve)}
+    cfg = trainer_config(curve.experiment)
+    rc = {"config": curve.experiment, "family": curve.family, "trainer_cfg": cfg}
     return str(Path(build_if_missing(rc, None, input_path)).resolve())
 
 
 # ----------------------------------------------------------------------------------------------
 # Summary
-
-
-def _better(curve: Curve, value: float) -> bool:
-    return value <= curve.target if curve.mode == "min" else value >= curve.target
 
 
 def summarise(curve: Curve, runs: dict) -> dict:
@@ -349,37 +220,25 @@ def summarise(curve: Curve, runs: dict) -> dict:
     for step in sorted(per_step):
         row = {"step": step}
         for impl, vals in per_step[step].items():
-            row[impl] = {
-                "mean": statistics.fmean(vals),
-                "min": min(vals),
-                "max": max(vals),
-                "n": len(vals),
-            }
+            row[impl] = {"mean": statistics.fmean(vals), "min": min(vals), "max": max(vals),
+                         "n": len(vals)}  # fmt: skip
         if "jax" in row and "upstream" in row:
-            up, mean = row["upstream"], row["jax"]["mean"]
-            row["jax_within_spread"] = up["min"] <= mean <= up["max"]
+            up = row["upstream"]
+            row["jax_within_spread"] = up["min"] <= row["jax"]["mean"] <= up["max"]
         steps.append(row)
+    better = (lambda v: v <= curve.target) if curve.mode == "min" else lambda v: v >= curve.target
     ttt = {}
     for impl, seeds in runs.items():
-        times = []
-        for r in seeds.values():
-            hit = next((e for e in r["evals"] if _better(curve, e["value"])), None)
-            if hit:
-                times.append(hit["t"])
-        ttt[impl] = {
-            "median_s": statistics.median(times) if times else None,
-            "reached": len(times),
-            "seeds": len(seeds),
-        }
+        hits = [
+            next((e["t"] for e in r["evals"] if better(e["value"])), None) for r in seeds.values()
+        ]
+        times = [t for t in hits if t is not None]
+        ttt[impl] = {"median_s": statistics.median(times) if times else None,
+                     "reached": len(times), "seeds": len(seeds)}  # fmt: skip
     both = [r for r in steps if "jax_within_spread" in r]
-    return {
-        "metric": curve.metric,
-        "mode": curve.mode,
-        "target": curve.target,
-        "per_step": steps,
-        "within_spread": f"{sum(r['jax_within_spread'] for r in both)}/{len(both)}",
-        "time_to_target": ttt,
-    }
+    return {"metric": curve.metric, "mode": curve.mode, "target": curve.target, "per_step": steps,
+            "within_spread": f"{sum(r['jax_within_spread'] for r in both)}/{len(both)}",
+            "time_to_target": ttt}  # fmt: skip
 
 
 def write_plot(result: dict, path: Path) -> None:
@@ -392,72 +251,62 @@ def write_plot(result: dict, path: Path) -> None:
     configs = result["configs"]
     fig, axes = plt.subplots(1, len(configs), figsize=(5.2 * len(configs), 4), squeeze=False)
     colors = {"jax": "#1f77b4", "upstream": "#d62728"}
+    labels = {"jax": "this trainer (JAX)", "upstream": "upstream's code"}
     for ax, (name, rec) in zip(axes[0], configs.items()):
         s = rec["summary"]
         for impl in rec["runs"]:
             # step 0 (nanoGPT evaluates before training: ln 65) would squash the scale
             rows = [r for r in s["per_step"] if impl in r and r["step"] > 0]
-            x = [r["step"] for r in rows]
-            mean = [r[impl]["mean"] for r in rows]
-            lo = [r[impl]["min"] for r in rows]
-            hi = [r[impl]["max"] for r in rows]
+            x, c = [r["step"] for r in rows], colors.get(impl, "gray")
             n = max((r[impl]["n"] for r in rows), default=0)
-            c = colors.get(impl, "gray")
-            label = {"jax": "this trainer (JAX)", "upstream": "upstream's code"}.get(impl, impl)
-            ax.plot(x, mean, color=c, marker="o", ms=3, label=f"{label}, mean of {n} seeds")
-            ax.fill_between(x, lo, hi, color=c, alpha=0.2)
+            ax.plot(x, [r[impl]["mean"] for r in rows], color=c, marker="o", ms=3,
+                    label=f"{labels.get(impl, impl)}, mean of {n} seeds")  # fmt: skip
+            ax.fill_between(x, [r[impl]["min"] for r in rows], [r[impl]["max"] for r in rows],
+                            color=c, alpha=0.2)  # fmt: skip
             for run in rec["runs"][impl].values():
                 ev = [e for e in run["evals"] if e["step"] > 0]
                 ax.plot(
                     [e["step"] for e in ev], [e["value"] for e in ev], color=c, lw=0.5, alpha=0.4
                 )
         ax.axhline(s["target"], color="gray", lw=0.8, ls=":")
-        ax.set_title(name, fontsize=10)
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel(s["metric"])
+        ax.set(title=name, xlabel="optimizer step", ylabel=s["metric"])
         ax.legend(fontsize=8)
     m = result["machine"]
-    fig.suptitle(
-        f"evaluation curves: mean, seed min-max band, each seed thin ({m['cpu']}, "
-        f"{m['cpu_cores']} cores)",
-        fontsize=9,
-    )
+    fig.suptitle(f"evaluation curves: mean, seed min-max band, each seed thin ({m['cpu']}, "
+                 f"{m['cpu_cores']} cores)", fontsize=9)  # fmt: skip
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def step_table(rec: dict) -> list[str]:
+    """One config's per-evaluation table: each side's mean [min, max] over seeds, and whether the
+    JAX mean lies within upstream's spread."""
+    impls = list(rec["runs"])
+    head = ["step", *[f"{i} mean [min, max]" for i in impls], "jax mean within upstream's spread"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rec["summary"]["per_step"]:
+        cells = [str(row["step"])]
+        for i in impls:
+            v = row.get(i)
+            cells.append(f"{v['mean']:.4f} [{v['min']:.4f}, {v['max']:.4f}]" if v else "")
+        w = row.get("jax_within_spread")
+        cells.append("" if w is None else ("yes" if w else "**no**"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(result: dict) -> str:
-    """Per config: one row per evaluation step (each side's mean and [min, max] over seeds, the
-    JAX mean within upstream's spread or not), then the time to target of each side."""
-    lines = [
-        f"`{result['command']}` at {result['started_utc']}; machine: {result['machine']['cpu']}, "
-        f"{result['machine']['cpu_cores']} cores; load average before: {result['loadavg_start']}."
-    ]
+    lines = [f"`{result['command']}` at {result['started_utc']}; machine: "
+             f"{result['machine']['cpu']}, {result['machine']['cpu_cores']} cores; load average "
+             f"before: {result['loadavg_start']}."]  # fmt: skip
     for name, rec in result["configs"].items():
         s = rec["summary"]
-        impls = list(rec["runs"])
-        seeds = {i: len(rec["runs"][i]) for i in impls}
-        lines += ["", f"**{name}** ({s['metric']}; seeds: "
-                  + ", ".join(f"{i} {n}" for i, n in seeds.items()) + ")", ""]  # fmt: skip
-        head = [
-            "step",
-            *[f"{i} mean [min, max]" for i in impls],
-            "jax mean within upstream's spread",
-        ]
-        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for row in s["per_step"]:
-            cells = [str(row["step"])]
-            for i in impls:
-                v = row.get(i)
-                cells.append(f"{v['mean']:.4f} [{v['min']:.4f}, {v['max']:.4f}]" if v else "")
-            w = row.get("jax_within_spread")
-            cells.append("" if w is None else ("yes" if w else "**no**"))
-            lines.append("| " + " | ".join(cells) + " |")
-        op = "<=" if s["mode"] == "min" else ">="
-        lines += ["", f"time to {s['metric']} {op} {s['target']} (first evaluation there, "
-                  "seconds since the process started, median over seeds):"]  # fmt: skip
+        seeds = ", ".join(f"{i} {len(r)}" for i, r in rec["runs"].items())
+        lines += ["", f"**{name}** ({s['metric']}; seeds: {seeds})", "", *step_table(rec), "",
+                  f"time to {s['metric']} {'<=' if s['mode'] == 'min' else '>='} {s['target']} "
+                  "(first evaluation there, seconds since the process started, median over seeds):"]  # fmt: skip
         for i, v in s["time_to_target"].items():
             walls = [r["wall_s"] for r in rec["runs"][i].values()]
             lines.append(f"- {i}: {v['median_s']} s ({v['reached']}/{v['seeds']} seeds reached it); "
@@ -466,7 +315,7 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m bench curves", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m bench curves", description=__doc__.split("\n\n")[0])
     p.add_argument("--configs", default=",".join(CURVES))
     p.add_argument("--impls", default="jax,upstream")
     p.add_argument("--seeds", type=int, default=3)
@@ -475,41 +324,34 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default="bench/results/curves")
     p.add_argument("--plot", help="PNG path (default OUT/curves.png)")
     p.add_argument("--timeout-s", type=float, default=3600.0, help="per run")
-    p.add_argument(
-        "--resume",
-        action="store_true",
-        help="keep the runs OUT/curves.json already holds (same config, side and seed, exit 0) "
-        "and run only the missing ones: add seeds, or finish an interrupted comparison",
-    )
+    p.add_argument("--resume", action="store_true", help="keep the runs OUT/curves.json holds "
+                   "(same config, side and seed, exit 0) and run only the missing ones")  # fmt: skip
     a = p.parse_args(argv)
     names, impls = a.configs.split(","), a.impls.split(",")
     for n in names:
         if n not in CURVES:
-            raise SystemExit(f"bench curves: unknown config {n!r}; known: {', '.join(CURVES)}")
+            raise ConfigError(f"bench curves: unknown config {n!r}; known: {', '.join(CURVES)}")
     for i in impls:
         if i not in ("jax", "upstream"):
-            raise SystemExit(f"bench curves: unknown impl {i!r}; known: jax, upstream")
+            raise ConfigError(f"bench curves: unknown impl {i!r}; known: jax, upstream")
     srcs = upstream_sources(a.upstream_src) if "upstream" in impls else {}
     if importlib.util.find_spec("matplotlib") is None:  # before any run, not after an hour of them
-        raise SystemExit("bench curves: the figure needs matplotlib: pip install -e '.[plot]'")
+        raise ConfigError("bench curves: the figure needs matplotlib: pip install -e '.[plot]'")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     result = result_header("curves", "python -m bench curves " + shlex.join(argv or sys.argv[1:]),
                            detect_device())  # fmt: skip
-    result["upstream_commits"] = {k: _commit(v) for k, v in srcs.items()}
-    result["configs"] = {}
-    earlier = {}
-    if a.resume and (out / JSON_NAME).exists():
-        earlier = json.loads((out / JSON_NAME).read_text()).get("configs", {})
-        # configs not asked for this time stay in the result (and the figure) as they were
-        result["configs"] = {k: v for k, v in earlier.items() if k not in names}
-    runs_dir = out / "runs"  # every run's own folder (run directories, upstream checkpoints)
+    from parity.goldens.common import git_commit
+
+    result["upstream_commits"] = {k: git_commit(v) for k, v in srcs.items()}
+    earlier = json.loads((out / JSON_NAME).read_text())["configs"] if a.resume and (
+        out / JSON_NAME).exists() else {}  # fmt: skip
+    # configs not asked for this time stay in the result (and the figure) as they were
+    result["configs"] = {k: v for k, v in earlier.items() if k not in names}
     for name in names:
-        curve = CURVES[name]
+        curve, runs = CURVES[name], {i: {} for i in impls}
         data = prepare_data(curve, a.input)
-        runs: dict[str, dict] = {i: {} for i in impls}
-        for k in range(a.seeds):
-            seed = curve.base_seed + k
+        for seed in range(curve.base_seed, curve.base_seed + a.seeds):
             for impl in impls:
                 log = out / f"{name}-{impl}-seed{seed}.log"
                 kept = earlier.get(name, {}).get("runs", {}).get(impl, {}).get(str(seed))
@@ -518,43 +360,25 @@ def main(argv: list[str] | None = None) -> dict:
                     runs[impl][str(seed)] = kept
                     continue
                 print(f"[curves] {name} {impl} seed {seed} ...", flush=True)
-                if impl == "jax":
-                    r = run_jax(curve, seed, data, runs_dir, log, a.timeout_s)
-                else:
-                    r = run_upstream(curve, seed, data, runs_dir, log, a.timeout_s, srcs)
+                args = (curve, seed, data, out / "runs", log, a.timeout_s)
+                r = run_jax(*args) if impl == "jax" else run_upstream(*args, srcs)
                 last = r["evals"][-1] if r["evals"] else {}
                 print(f"[curves]   exit {r['returncode']}, {r['wall_s']:.0f} s, last eval "
                       f"{last.get('step')}: {last.get('value')}  (log: {log})", flush=True)  # fmt: skip
                 if r["returncode"] != 0:
-                    raise SystemExit(f"bench curves: {name} {impl} seed {seed} failed: {log}")
+                    raise ConfigError(f"bench curves: {name} {impl} seed {seed} failed: {log}")
                 runs[impl][str(seed)] = r
                 _save(out, result, name, curve, data, runs)
         _save(out, result, name, curve, data, runs)
     plot = Path(a.plot) if a.plot else out / "curves.png"
     write_plot(result, plot)
     (out / "curves.md").write_text(markdown(result))
-    for name, rec in result["configs"].items():
-        s = rec["summary"]
-        print(f"[curves] {name}: jax mean within upstream's seed spread at {s['within_spread']} "
-              f"evaluations; time to {s['metric']} {'<=' if s['mode'] == 'min' else '>='} "
-              f"{s['target']}: " + ", ".join(f"{i} {v['median_s']} s ({v['reached']}/{v['seeds']})"
-                                              for i, v in s["time_to_target"].items()))  # fmt: skip
     print(f"[curves] wrote {out / JSON_NAME}, {out / 'curves.md'} and {plot}")
     return result
 
 
 def _save(out: Path, result: dict, name: str, curve: Curve, data: str, runs: dict) -> None:
     """Write OUT/curves.json after every run, so an interrupted comparison loses one run at most."""
-    result["configs"][name] = {
-        "curve": dataclasses.asdict(curve),
-        "data": data,
-        "runs": runs,
-        "summary": summarise(curve, runs),
-    }
+    result["configs"][name] = {"curve": dataclasses.asdict(curve), "data": data, "runs": runs,
+                               "summary": summarise(curve, runs)}  # fmt: skip
     (out / JSON_NAME).write_text(json.dumps(result, indent=1) + "\n")
-
-
-def _commit(src: Path) -> str:
-    from parity.goldens.common import git_commit
-
-    return git_commit(src)

@@ -3,27 +3,17 @@
     python -m bench demo [--seeds 0,1,2,3,4] [--runs bench_out/demo] [--other CSV] [--blanks 30]
                          [--out bench/results/demo_seeds.json]
 
-For each seed, `python -m train.main +experiment=trm_sudoku_tiny run.seed=S` into
-RUNS/trm_sudoku_tiny_seedS (wandb off; a seed whose run directory already has final.json is not
-trained again), then `python -m train.evaluate`'s own function on its last checkpoint:
-- on the demo's held-out test split: exact and token accuracy, and the exact accuracy after every
-  ACT step;
-- on grids made another way (--other, default the offline sudoku-hard-test-1k): the SOLUTIONS of
-  that CSV's puzzles with --blanks of each puzzle's own blank cells blanked again (data.sudoku_easy
-  test_csv=, seeded), the same number of blanks as the demo's grids but not its generator's
-  grids: `other` draws them at random, `published` lays them out as printed puzzles do
-  (pattern=published: symmetric pairs in patches).
-
-Writes --out: the command, machine, date and versions, every seed's figures, and the summary
-(mean, min and max over seeds) that docs/training.md ("Tiny runs"), docs/evaluation.md and the
-experiment's header quote (tests/test_figures.py checks them against this file).
-
-The time `make demo` takes from a fresh clone: `python -m bench timings` (bench/timings.py).
+Each seed trains `+experiment=trm_sudoku_tiny run.seed=S` into RUNS (a run with its final.json is
+kept), then train.evaluate's own function scores its last checkpoint on the demo's test split
+(exact and token accuracy, and the exact accuracy after every ACT step) and on grids made another
+way: the SOLUTIONS of --other's puzzles (default the offline sudoku-hard-test-1k) with --blanks of
+each puzzle's own blank cells blanked again (data.sudoku_easy test_csv=), `other` at random,
+`published` as printed puzzles are (pattern=published). --out holds every seed's figures and
+their mean, min and max, which the docs quote (tests/test_figures.py checks them).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -33,7 +23,7 @@ import sys
 import time
 
 from bench.machine import detect_device, loadavg, result_header
-from train.errors import user_errors
+from train.errors import OneLineParser
 
 EXPERIMENT = "trm_sudoku_tiny"
 OTHER = "../shared/data/sudoku/sudoku-hard-test-1k/test.csv"
@@ -84,7 +74,7 @@ def summary(seeds: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m bench demo", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m bench demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", default="0,1,2,3,4")
     p.add_argument("--runs", default="bench_out/demo", help="where the seeds' runs go")
     p.add_argument("--other", default=OTHER, help="a Sudoku CSV whose solutions are blanked")
@@ -115,40 +105,22 @@ def main(argv: list[str] | None = None) -> dict:
         record["test"] = _figures(evaluate(record["run_dir"]))
         for where, path in sets.items():
             record[where] = _figures(evaluate(record["run_dir"], data=path))
-        print(
-            f"seed {seed}: test exact {record['test']['exact_accuracy']:.3f}, per ACT step "
-            f"{record['test']['per_step_exact_accuracy']}; "
-            + ", ".join(f"{w} {record[w]['exact_accuracy']:.3f}" for w in sets),
-            flush=True,
-        )
+        others = ", ".join(f"{w} {record[w]['exact_accuracy']:.3f}" for w in sets)
+        print(f"seed {seed}: test exact {record['test']['exact_accuracy']:.3f}, per ACT step "
+              f"{record['test']['per_step_exact_accuracy']}; {others}", flush=True)  # fmt: skip
         seeds.append(record)
+    built = {where: {"csv": a.other, "blanks": a.blanks, "count": count, "build": "data.sudoku_easy"
+                     f" train=0 test={count} blanks={a.blanks} num_aug=0 test_csv={a.other} "
+                     f"pattern={pattern}"} for where, pattern in OTHER_SETS.items()}  # fmt: skip
     result = {
         **header,
         "experiment": EXPERIMENT,
-        **{
-            where: {
-                "csv": a.other,
-                "blanks": a.blanks,
-                "count": count,
-                "build": f"data.sudoku_easy train=0 test={count} blanks={a.blanks} num_aug=0 "
-                f"test_csv={a.other} pattern={pattern}",
-            }
-            for where, pattern in OTHER_SETS.items()
-        },
+        **built,
         "seeds": seeds,
         "summary": summary(seeds),
     }
-    _write(result, a.out)
-    return result
-
-
-def _write(result: dict, out: str) -> None:
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with open(out, "w") as f:
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+    with open(a.out, "w") as f:
         f.write(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result["summary"]))
-
-
-if __name__ == "__main__":
-    with user_errors():  # a ConfigError is one line
-        main()
+    return result

@@ -1,23 +1,22 @@
 #!/usr/bin/env bash
-# Everything one GPU session's call carries, prepared once on a machine with PyPI, in the root of
-# the checkout the call is made from (docs/benchmarks.md, "What a GPU session runs"):
+# The inputs of `python -m bench gpu`, prepared once in the repository root (docs/benchmarks.md,
+# "Reproduce the GPU figures"):
 #
 #   bash bench/gpu_prepare.sh --data DIR --nanogpt SRC --trm SRC --adam-atan2 SRC [--python PY]
+#                             [--wheels]
 #
-#   .whl/   Python 3.12 manylinux wheels of what the trainer and upstream's scripts import and the
-#           device image lacks (grain, hydra-core, omegaconf, ...; wandb is not carried: the runs
-#           use logging.wandb=disabled). pip's own recipe from the device notes, --no-deps, every
-#           version pinned, one version of each.
 #   .gpu/   upstream/{nanoGPT,TinyRecursiveModels,adam-atan2}: the files of each checkout the runs
 #           read (SRC: a working checkout or a bare git directory; upstream/COMMITS names the
-#           commits), never committed; data/: `python -m bench gpu prepare --data DIR` (DIR holds
-#           tinyshakespeare/input.txt and sudoku/{sudoku-extreme-1k-train-only,sudoku-hard-test-1k}).
+#           commits); data/shakespeare_char (our builder's bins from DIR/tinyshakespeare/input.txt)
+#           and data/sudoku-extreme-1k-train-only (a copy of DIR/sudoku/'s).
+#   .whl/   with --wheels: Python 3.12 manylinux wheels, every version pinned, of what a GPU
+#           machine without a package index may lack; install them there with
+#           `pip install --no-index --no-deps --target DIR .whl/*.whl`.
 #
-# Both folders are git-ignored. At the end it checks that what a call sends (tracked and
-# untracked-not-ignored files, plus .whl and .gpu) stays within the 64 MiB a call may carry.
+# Both folders are git-ignored.
 set -euo pipefail
 
-PY=python3 DATA="" NANOGPT="" TRM="" ADAM=""
+PY=python3 DATA="" NANOGPT="" TRM="" ADAM="" WHEELS=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --python) PY=$2; shift 2 ;;
@@ -25,7 +24,8 @@ while [[ $# -gt 0 ]]; do
     --nanogpt) NANOGPT=$2; shift 2 ;;
     --trm) TRM=$2; shift 2 ;;
     --adam-atan2) ADAM=$2; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    --wheels) WHEELS=1; shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "gpu_prepare.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -33,24 +33,20 @@ done
 for v in DATA NANOGPT TRM ADAM; do
   [[ -n "${!v}" ]] || { echo "gpu_prepare.sh: --${v,,} is required (see --help)" >&2; exit 2; }
 done
-LIMIT=$((64 * 1024 * 1024))
 
-# ---- wheels: the device image has jax, flax, optax, orbax, torch, numpy, etils, tqdm, scipy,
-# absl-py, protobuf, cloudpickle, psutil, pyyaml, einops, pytest (KINDS.md's package list)
-WHEELS=(
-  grain==0.2.18 array-record==0.8.6 portpicker==1.6.0  # the trainer's input pipeline
-  hydra-core==1.3.8 omegaconf==2.3.1                     # its configuration
-  coolname==5.0.0 pydantic==2.9.2 pydantic-core==2.23.4 annotated-types==0.7.0  # upstream pretrain.py
-)
-rm -rf .whl && mkdir -p .whl
-"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
-  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
-  -d .whl "${WHEELS[@]}"
-# omegaconf pins antlr4-python3-runtime 4.9.*, published as a source archive only: a pure-Python
-# wheel built from it installs anywhere
-"$PY" -m pip wheel -q --no-deps --no-binary=:all: -w .whl antlr4-python3-runtime==4.9.3
-rm -f .whl/*.tar.gz
+# ---- wheels: what the trainer and upstream's scripts import beyond jax, flax, optax, orbax,
+# torch, numpy, scipy, einops and pytest
+if ((WHEELS)); then
+  rm -rf .whl && mkdir -p .whl
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
+    -d .whl grain==0.2.18 array-record==0.8.6 portpicker==1.6.0 hydra-core==1.3.8 omegaconf==2.3.1 \
+    coolname==5.0.0 pydantic==2.9.2 pydantic-core==2.23.4 annotated-types==0.7.0
+  # omegaconf pins antlr4-python3-runtime 4.9.*, a source archive only: built into a wheel here
+  "$PY" -m pip wheel -q --no-deps --no-binary=:all: -w .whl antlr4-python3-runtime==4.9.3
+  rm -f .whl/*.tar.gz
+fi
 
 # ---- upstream checkouts: only the files the runs read
 copy_files() {  # copy_files SRC DEST PATH...
@@ -75,16 +71,7 @@ copy_files "$TRM" .gpu/upstream/TinyRecursiveModels pretrain.py puzzle_dataset.p
 copy_files "$ADAM" .gpu/upstream/adam-atan2 adam_atan2
 
 # ---- data
-"$PY" -m bench gpu prepare --data "$DATA" --assets .gpu
-
-# ---- what a call sends
-tree=$(git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
-whl=$(du -sb .whl | cut -f1) gpu=$(du -sb .gpu | cut -f1)
-total=$((tree + whl + gpu))
-mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
-echo "tree $(mib "$tree") + .whl $(mib "$whl") + .gpu $(mib "$gpu") = $(mib "$total") of $(mib $LIMIT)"
-ls .whl
-if ((total > LIMIT)); then
-  echo "gpu_prepare.sh: over the 64 MiB a call may carry" >&2
-  exit 1
-fi
+"$PY" -m data.shakespeare_char --input "$DATA/tinyshakespeare/input.txt" --out-dir .gpu/data/shakespeare_char
+rm -rf .gpu/data/sudoku-extreme-1k-train-only
+cp -r "$DATA/sudoku/sudoku-extreme-1k-train-only" .gpu/data/
+du -sh .gpu $( ((WHEELS)) && echo .whl)

@@ -2,32 +2,19 @@
 apart from its command, on a machine you name by its CPU.
 
     python -m bench timings --clone DIR [--cores 2] [--busy N] [--kernels avx2] [--parts demo,test]
-    python -m bench timings --tables      # README.md's and docs/testing.md's rows from the records
 
-`--clone DIR` (DIR must not exist): `git clone` of this repository's HEAD into DIR, then in DIR
-`make .venv/bin/.installed-base` (the venv and the base install), `make demo` (data, training,
-evaluation, with an empty XLA compilation cache, as on a first run), `make .venv/bin/.installed-dev`
-(the extras `make test` adds; its row's install counts the base install too) and `make test`
-(the default tier), each timed on its own. The
-commands run on the first `--cores` cores (default: all this process may use); `--busy N` runs N
-busy loops on the same cores meanwhile (a machine shared with other work); `--kernels avx2` gives
-XLA and torch AVX2 kernels on an AVX-512 CPU (`XLA_FLAGS=--xla_cpu_max_isa=AVX2
-ATEN_CPU_CAPABILITY=avx2`, recorded as such). Without --busy the command refuses to start while the
-1-minute load average is above --max-load (default 0.5): the figures are of a quiet machine.
-pip reads its usual configuration (a local index, a cache); `PIP_CONFIG_FILE=/dev/null
-PIP_NO_CACHE_DIR=1` downloads everything from PyPI (recorded), and TORCH_INDEX_URL is the
-Makefile's (https://download.pytorch.org/whl/cpu for a CPU torch from PyTorch's index).
-
-Writes --out (default bench/results/timings/<row>.json, `row` one of ROWS: the CPU's vector
-kernels and whether loops ran beside) with the machine, every command's wall time and load
-average, the demo's output lines and the default tier's pytest summary; the demo's output goes to
-<out without .json>.log. `--tables` rewrites README.md's and docs/testing.md's timing rows from the records
-(tests/test_figures.py keeps them equal).
+In a fresh `git clone` of HEAD at DIR: `make .venv/bin/.installed-base`, `make demo` (an empty XLA
+compilation cache, as a first run has), `make .venv/bin/.installed-dev` and `make test`, each
+timed, on the first `--cores` cores; `--busy N` runs N busy loops on them meanwhile, `--kernels
+avx2` gives XLA and torch AVX2 kernels on an AVX-512 CPU. Without --busy it refuses to start above
+--max-load (the figures are a quiet machine's). pip reads its usual configuration
+(`PIP_CONFIG_FILE=/dev/null PIP_NO_CACHE_DIR=1`: everything from PyPI, recorded). Writes --out
+(default bench/results/timings/<row>.json, a row of ROWS) and the commands' output beside it
+(.log); the README's and docs/testing.md's timing tables are the records' (`python -m bench tables`).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -38,17 +25,13 @@ import sys
 import time
 
 from bench.machine import loadavg, result_header
-from train.errors import ConfigError, user_errors
+from train.errors import ConfigError, OneLineParser
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "bench", "results", "timings")
 # The rows of the timing tables: record name -> what the row's first cell says
-ROWS = {
-    "avx2": "2 AVX2 cores, quiet",
-    "avx512": "2 AVX-512 cores, quiet",
-    "avx2-busy2": "2 AVX2 cores, 2 busy loops beside",
-}
-TABLE_FILES = ("README.md", "docs/testing.md")
+ROWS = {"avx2": "2 AVX2 cores, quiet", "avx512": "2 AVX-512 cores, quiet",
+        "avx2-busy2": "2 AVX2 cores, 2 busy loops beside"}  # fmt: skip
 NOT_MEASURED = "not measured yet"
 AVX2_KERNELS = {"XLA_FLAGS": "--xla_cpu_max_isa=AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 
@@ -68,10 +51,9 @@ def row_name(isa: str, kernels: str, cores: int, busy: int) -> str:
     kind = "avx2" if kernels == "avx2" or isa == "AVX2" else "avx512" if isa == "AVX-512" else ""
     name = f"{kind}-busy{busy}" if busy else kind
     if cores != 2 or name not in ROWS:
-        raise ConfigError(
-            f"no table row for {cores} {isa} cores ({kernels} kernels, {busy} busy loops): the "
-            f"rows are {list(ROWS.values())}; name --out yourself to keep such a record"
-        )
+        raise ConfigError(f"no table row for {cores} {isa} cores ({kernels} kernels, {busy} busy "
+                          f"loops): the rows are {list(ROWS.values())}; name --out yourself to "
+                          "keep such a record")  # fmt: skip
     return name
 
 
@@ -92,10 +74,8 @@ def _timed(cmd: list[str], cwd: str, env: dict, cores: list[int], log) -> dict:
 @contextlib.contextmanager
 def busy_loops(n: int, cores: list[int]):
     """n processes spinning on `cores` while the body runs."""
-    procs = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=_pinned(cores))
-        for _ in range(n)
-    ]
+    loop = [sys.executable, "-c", "while True: pass"]
+    procs = [subprocess.Popen(loop, preexec_fn=_pinned(cores)) for _ in range(n)]
     try:
         yield
     finally:
@@ -180,40 +160,13 @@ def cells(record: dict | None) -> tuple[str, str]:
 
 def records() -> dict:
     """ROWS key -> its record (None where not measured yet)."""
-    out = {}
-    for name in ROWS:
-        path = os.path.join(RESULTS, f"{name}.json")
-        out[name] = json.load(open(path)) if os.path.exists(path) else None
-    return out
-
-
-def table_rows() -> list[str]:
-    """The tables' rows (the header is the files' own), one per ROWS key, from the records."""
-    return [f"| {ROWS[n]} | {' | '.join(cells(r))} |" for n, r in records().items()]
-
-
-def write_tables(root: str = REPO) -> None:
-    """Rewrites the rows of TABLE_FILES' timing tables under `root` (the lines that start with a
-    row's first cell) from the records."""
-    rows = dict(zip(ROWS.values(), table_rows(), strict=True))
-    for name in TABLE_FILES:
-        path = os.path.join(root, name)
-        lines = open(path).read().split("\n")
-        for i, line in enumerate(lines):
-            for first, row in rows.items():
-                if line.startswith(f"| {first} |"):
-                    lines[i] = row
-        with open(path, "w") as f:
-            f.write("\n".join(lines))
-        print(f"wrote {name}")
+    paths = {name: os.path.join(RESULTS, f"{name}.json") for name in ROWS}
+    return {n: json.load(open(p)) if os.path.exists(p) else None for n, p in paths.items()}
 
 
 def main(argv: list[str] | None = None) -> dict | None:
-    p = argparse.ArgumentParser(
-        prog="python -m bench timings", description=__doc__.split("\n\n")[0]
-    )
+    p = OneLineParser(prog="python -m bench timings", description=__doc__.split("\n\n")[0])
     p.add_argument("--clone", metavar="DIR", help="the fresh clone to make (must not exist)")
-    p.add_argument("--tables", action="store_true", help="rewrite the tables from the records")
     p.add_argument("--parts", default="demo,test", help="demo, test or both (default)")
     p.add_argument("--cores", type=int, default=None, help="run on the first N cores")
     p.add_argument("--busy", type=int, default=0, metavar="N", help="N busy loops beside")
@@ -221,11 +174,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--max-load", type=float, default=0.5, help="refuse above this load average")
     p.add_argument("--out", default=None, help="default bench/results/timings/<row>.json")
     a = p.parse_args(argv)
-    if a.tables:
-        write_tables()
-        return None
     if not a.clone:
-        raise ConfigError("expected --clone DIR (or --tables)")
+        raise ConfigError("expected --clone DIR")
     parts = a.parts.split(",")
     if not parts or set(parts) - {"demo", "test"}:
         raise ConfigError(f"--parts {a.parts}: expected demo, test or demo,test")
@@ -233,13 +183,11 @@ def main(argv: list[str] | None = None) -> dict | None:
     cores = allowed[: a.cores or len(allowed)]
     load = (loadavg() or [0.0])[0]
     if not a.busy and load > a.max_load:
-        raise ConfigError(
-            f"the 1-minute load average is {load:.2f} (> --max-load {a.max_load}): the figures "
-            "would not be a quiet machine's; wait, or raise --max-load and say so"
-        )
-    out = a.out or os.path.join(
-        RESULTS, f"{row_name(cpu_isa(), a.kernels, len(cores), a.busy)}.json"
-    )
+        raise ConfigError(f"the 1-minute load average is {load:.2f} (> --max-load {a.max_load}): "
+                          "the figures would not be a quiet machine's; wait, or raise --max-load "
+                          "and say so")  # fmt: skip
+    row = row_name(cpu_isa(), a.kernels, len(cores), a.busy)
+    out = a.out or os.path.join(RESULTS, f"{row}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     command = "python -m bench timings " + shlex.join(argv if argv is not None else sys.argv[1:])
     result = {**result_header("timings", command, "cpu"),
@@ -248,8 +196,3 @@ def main(argv: list[str] | None = None) -> dict | None:
         f.write(json.dumps(result, indent=1) + "\n")
     print(f"wrote {out}: make demo {cells(result)[0]}; make test {cells(result)[1]}")
     return result
-
-
-if __name__ == "__main__":
-    with user_errors():
-        main()

@@ -1,31 +1,19 @@
-"""The trainer's own loop against its bare jitted step, on the same batches: `python -m bench trainer`.
+"""The trainer's loop against its bare jitted step, same batches: `python -m bench trainer`.
 
     python -m bench trainer +experiment=trm_sudoku data.path=DIR [OVERRIDE ...] [--steps 20]
                             [--warmup 3] [--out FILE]
 
-One process, so both sides run under the same XLA flags, allocator settings and devices:
-
-1. bare: the trainer's task (train.families.make_task) and its own data iterator
-   (`task.train_iterator()`, the batches the trainer will draw, in its order); warmup + steps
-   batches placed on the devices first, then the step (train.jit.jit_train_step: the trainer's
-   jitted, sharded, donating step) run over them with one sync at the end;
-2. trainer: `train.trainer.train` (inside `train.main.one_run`) on the same config for warmup + steps steps (trainer.max_steps),
-   logging every `--steps // 4` steps; its seconds per step are the step_time_ms it logs
-   (train/trainer.py StepClock: waited one step late, compile excluded), median of its windows
-   after the warm-up;
-3. bare again, on a fresh state: the mean of both bare figures is the one reported.
-
-Both compile the same program: the persistent compilation cache (a temporary directory unless
-JAX_COMPILATION_CACHE_DIR is set) hands the second its executable. Prints one line
-`TRAINER_VS_BARE {json}` with `trainer_over_bare` = trainer s/step / bare s/step, and writes it to
---out. A ratio near 1 says the loop adds nothing; the gap between this benchmark's figure and
-`python -m bench`'s is then in the batches (docs/benchmarks.md, "A benchmark fed uniform tokens
-hides a contended scatter").
+In one process (the same XLA flags, allocator and devices): the bare step (train.jit
+.jit_train_step on the task of train.families.make_task) over the batches the trainer's own
+iterator draws, placed on the devices first, one sync at the end; then `train.trainer.train` on
+the same config for warmup + steps steps, its logged step_time_ms (compile excluded) after the
+warm-up; then the bare step again, the mean of both bare runs reported. The persistent
+compilation cache hands the second its executable. Prints `TRAINER_VS_BARE {json}`:
+`trainer_over_bare`, and the experiment's scheduled steps at the trainer's pace (`projected_h`).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -36,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from train.errors import user_errors
+from train.errors import ConfigError, OneLineParser
 
 
 def _bare(task, batches, step_fn) -> float:
@@ -108,11 +96,14 @@ def measure(overrides: list[str], *, steps: int, warmup: int, work: Path) -> dic
     bare.append(_bare(task, batches, step_fn))
     windows = _trainer_windows(work / "trainer", warmup)
     if not windows:
-        raise SystemExit("bench trainer: the trainer logged no step time after the warm-up")
+        raise ConfigError("bench trainer: the trainer logged no step time after the warm-up")
     trainer_s = statistics.median(w["step_time_ms"] for w in windows) / 1e3
     bare_s = statistics.fmean(bare)
     tokens = local[0].get("inputs", local[0].get("x"))
     return {
+        # the experiment's own schedule (the task computes it from the config) at the trainer's pace
+        "schedule_steps": task.total_steps,
+        "projected_h": task.total_steps * trainer_s / 3600,
         "overrides": overrides,
         "device": str(jax.devices()[0].device_kind),
         "num_devices": jax.device_count(),
@@ -133,7 +124,7 @@ def measure(overrides: list[str], *, steps: int, warmup: int, work: Path) -> dic
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m bench trainer", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog="python -m bench trainer", description=__doc__.split("\n")[0])
     p.add_argument("overrides", nargs="+", help="Hydra overrides, as for python -m train.main")
     p.add_argument("--steps", type=int, default=20, help="timed steps (each side)")
     p.add_argument("--warmup", type=int, default=3, help="steps before the timed ones")
@@ -144,19 +135,12 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench_trainer_") as tmp:
         result = measure(a.overrides, steps=a.steps, warmup=a.warmup, work=Path(tmp))
     line = json.dumps(result, default=str)
-    print(
-        f"trainer {result['trainer_s_per_step'] * 1e3:.1f} ms/step, bare "
-        f"{result['bare_s_per_step'] * 1e3:.1f} ms/step: trainer_over_bare "
-        f"{result['trainer_over_bare']:.3f}",
-        flush=True,
-    )
+    print(f"trainer {result['trainer_s_per_step'] * 1e3:.1f} ms/step, bare "
+          f"{result['bare_s_per_step'] * 1e3:.1f} ms/step: trainer_over_bare "
+          f"{result['trainer_over_bare']:.3f}; {result['schedule_steps']} steps "
+          f"~ {result['projected_h']:.1f} h", flush=True)  # fmt: skip
     print("TRAINER_VS_BARE " + line, flush=True)
     if a.out:
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
         Path(a.out).write_text(json.dumps(result, indent=1, default=str))
     return result
-
-
-if __name__ == "__main__":
-    with user_errors():  # a ConfigError is one line
-        main()

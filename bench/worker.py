@@ -1,13 +1,8 @@
-"""One benchmark implementation per process, driven step by step over a pipe: both ends.
-
-`worker_main` is the process (multiprocessing 'spawn' target); `Worker` is the parent's handle.
-
-Why a process each: JAX and PyTorch each start a thread pool sized to the machine; in one process
-the idle one can still spin and steal cycles from the other, and host RSS could not be told apart.
-Here only one worker computes at a time (the parent waits for its answer before it wakes the
-next), so A B A B interleaving is real, each has the whole machine while it runs, and each
-reports its own peak memory. Nothing heavy is imported at module level: the environment
-(JAX_PLATFORMS, XLA_FLAGS, thread counts) must be set before jax/torch load.
+"""One benchmark implementation per process, driven step by step over a pipe: `worker_main` is
+the process, `Worker` the parent's handle. A process each, because JAX and PyTorch each start a
+thread pool sized to the machine (in one process the idle one can still spin) and their memory
+could not be told apart; only one worker computes at a time. Nothing heavy is imported at module
+level: the environment (JAX_PLATFORMS, XLA_FLAGS, thread counts) is set before jax/torch load.
 """
 
 from __future__ import annotations
@@ -32,11 +27,6 @@ def rss_bytes() -> int:
         return 0
 
 
-def peak_rss_bytes() -> int:
-    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kb * (1 if sys.platform == "darwin" else 1024)
-
-
 def prepare_env(impl: str, device: str, threads: int | None = None) -> None:
     """Environment a worker needs before jax/torch are imported.
 
@@ -44,9 +34,9 @@ def prepare_env(impl: str, device: str, threads: int | None = None) -> None:
     and torch's thread pools, which size themselves from the schedulable CPUs, use that many.
     """
     if threads and hasattr(os, "sched_setaffinity"):
-        cpus = sorted(os.sched_getaffinity(0))[:threads]
-        os.sched_setaffinity(0, cpus)
-    # The test suite's 8 fake CPU devices would split 2 cores 8 ways: benchmarks use the real ones.
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:threads])
+    # A run under pytest inherits the suite's 8 fake CPU devices: benchmarks use the real ones
+    # (docs/benchmarks.md, "A benchmark under pytest inherits the suite's 8 fake CPU devices")
     os.environ["XLA_FLAGS"] = _FAKE_DEVICES.sub("", os.environ.get("XLA_FLAGS", "")).strip()
     if device == "gpu":
         # one device per side: torch runs on one GPU, so the JAX mesh must not take all of them
@@ -76,31 +66,22 @@ def apply_config_xla_flags(rc: dict) -> str:
 
 
 def worker_main(conn, spec: dict) -> None:
-    """Entry point of a worker process (multiprocessing 'spawn' target).
-
-    Protocol (parent -> worker): ("run", n_steps) | ("stats", None) | ("close", None).
-    Every answer is ("ok", payload) or ("error", traceback_text).
-    """
+    """Entry point of a worker process. Protocol (parent -> worker): ("run", n_steps) |
+    ("eval", None) | ("stats", None) | ("close", None); every answer is ("ok", payload) or
+    ("error", traceback_text)."""
     try:
         prepare_env(spec["impl"], spec["device"], spec.get("threads"))
-        if spec["impl"].startswith("jax"):
-            xla = apply_config_xla_flags(spec["resolved"])
+        xla = apply_config_xla_flags(spec["resolved"]) if spec["impl"] == "jax" else None
         rss_start = rss_bytes()
         from bench import runners
 
         t0 = time.perf_counter()
-        if spec.get("mode") == "ttq":
-            from bench.ttq_runners import make_ttq_runner
-
-            runner = make_ttq_runner(spec)
-        else:
-            runner = runners.make_runner(spec)
+        runner = runners.make_runner(spec)
         info = runner.setup()
-        info["setup_s"] = time.perf_counter() - t0
-        if spec["impl"].startswith("jax"):
+        info.update(setup_s=time.perf_counter() - t0, rss_start_bytes=rss_start,
+                    rss_after_setup_bytes=rss_bytes())  # fmt: skip
+        if xla is not None:
             info["xla_flags"] = xla
-        info["rss_start_bytes"] = rss_start
-        info["rss_after_setup_bytes"] = rss_bytes()
         conn.send(("ok", info))
     except BaseException:  # noqa: BLE001 - reported to the parent, which prints it in the table
         conn.send(("error", traceback.format_exc()))
@@ -116,11 +97,11 @@ def worker_main(conn, spec: dict) -> None:
                 seconds, loss = runner.run(int(arg))
                 conn.send(("ok", {"seconds": seconds, "loss": loss}))
             elif cmd == "eval":
-                conn.send(("ok", runner.evaluate(arg)))
+                conn.send(("ok", runner.evaluate()))
             elif cmd == "stats":
-                stats = runner.stats()
-                stats["peak_rss_bytes"] = peak_rss_bytes()
-                conn.send(("ok", stats))
+                kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                peak = kb * (1 if sys.platform == "darwin" else 1024)
+                conn.send(("ok", {**runner.stats(), "peak_rss_bytes": peak}))
             else:
                 conn.send(("error", f"unknown command {cmd!r}"))
         except BaseException:  # noqa: BLE001
@@ -136,9 +117,7 @@ class Worker:
     """Parent-side handle of one implementation's process (`worker_main`)."""
 
     def __init__(self, spec: dict, timeout_s: float):
-        self.spec = spec
-        self.name = spec["impl"]
-        self.timeout_s = timeout_s
+        self.name, self.timeout_s = spec["impl"], timeout_s
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=worker_main, args=(child, spec), daemon=True)
@@ -154,9 +133,7 @@ class Worker:
             status, payload = self.conn.recv()
         except EOFError:
             self.kill()
-            raise WorkerError(
-                f"{self.name}: worker died (exit code {self.proc.exitcode})"
-            ) from None
+            raise WorkerError(f"{self.name}: worker died (exit {self.proc.exitcode})") from None
         if status != "ok":
             raise WorkerError(payload)
         return payload
@@ -170,7 +147,7 @@ class Worker:
             if self.proc.is_alive():
                 self.conn.send(("close", None))
                 self.conn.poll(10)
-        except (OSError, BrokenPipeError):
+        except OSError:
             pass
         self.proc.join(10)
         self.kill()
@@ -182,7 +159,8 @@ class Worker:
 
 
 def short_error(text) -> str:
-    """The `SomeError: message` line of a traceback (JAX appends notes after it)."""
+    """The `SomeError: message` line of a traceback (docs/benchmarks.md, "JAX appends a note
+    after the exception line")."""
     lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
     for line in reversed(lines):
         if re.match(r"^[\w.]+(Error|Exception|Interrupt|Exit)\b", line):

@@ -12,10 +12,9 @@ import sys
 import pytest
 
 from bench import configs as bench_configs
-from bench import harness, report
+from bench import speed
 from bench.machine import gpu_names
-from bench.peak import resolve_peak_flops
-from bench.stats import paired_ratios, summarize
+from bench.speed import paired_ratios, summarize
 from models.gpt import GPTConfig
 from models.gpt.flops import gpt_flops_per_token
 from models.trm import TRMConfig
@@ -28,14 +27,6 @@ def _repo_env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
     return env
-
-
-# --------------------------------------------------------------------------------------------
-# Peak FLOP/s (the counts themselves: tests/test_flops.py)
-
-
-def test_peak_flops_override():
-    assert resolve_peak_flops("cpu", 1e12) == (1e12, "given by --peak-flops")
 
 
 # --------------------------------------------------------------------------------------------
@@ -52,35 +43,27 @@ def test_summarize_quartiles_and_paired_ratios():
 # --------------------------------------------------------------------------------------------
 # End to end: a 2-step run of a micro GPT through the real JAX trainer step and the torch reference
 
+# The tiny experiments shrunk further by overrides, no data set on disk (generated batches)
 _MICRO_GPT = bench_configs.BenchConfig(
-    name="micro_gpt",
-    family="gpt",
-    device="cpu",
-    model=dict(
-        block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=16, dropout=0.0, bias=False
-    ),
-    batch_size=2,
-    dtype="float32",
-    optim=dict(
-        learning_rate=1e-3,
-        min_lr=1e-4,
-        warmup_iters=2,
-        lr_decay_iters=10,
-        max_iters=10,
-        weight_decay=0.1,
-        beta1=0.9,
-        beta2=0.99,
-        grad_clip=1.0,
-        decay_lr=True,
-    ),  # fmt: skip
-)
+    "micro_gpt", "gpt", "gpt_shakespeare_char_tiny",
+    overrides=("model.block_size=8", "model.vocab_size=16", "model.n_layer=1", "model.n_head=2",
+               "model.n_embd=16", "trainer.global_batch_size=2", "optim.warmup_iters=2",
+               "optim.lr_decay_iters=10", "optim.max_iters=10"),
+)  # fmt: skip
+_MICRO_TRM = bench_configs.BenchConfig(
+    "micro_trm", "trm", "trm_sudoku_tiny",
+    overrides=("data.seq_len=9", "data.vocab_size=5", "model.hidden_size=8", "model.num_heads=2",
+               "model.expansion=2", "model.L_cycles=1", "model.halt_max_steps=2",
+               "model.puzzle_emb_ndim=8", "trainer.global_batch_size=4"),
+)  # fmt: skip
 
 
 def _two_step_run(config: str, out, *extra: str) -> dict:
     """Two timed steps of JAX vs torch eager, one thread each, no warm-up: a smoke run, not a timing."""
-    return harness.main(
+    return speed.main(
         ["--configs", config, "--impls", "jax,torch_eager", "--steps", "2", "--warmup", "0",
-         "--inner", "1", "--peak-flops", "1e12", "--threads", "1", *extra, "--out", str(out)]
+         "--inner", "1", "--peak-flops", "1e12", "--threads", "1", "--data", str(out / "none"),
+         *extra, "--out", str(out)]
     )  # fmt: skip
 
 
@@ -89,17 +72,16 @@ def test_two_step_run_writes_complete_record(tmp_path, monkeypatch):
     pytest.importorskip("torch")  # the PyTorch side of the pair (parity extra)
     monkeypatch.setitem(bench_configs.CONFIGS, "micro_gpt", _MICRO_GPT)
     result = _two_step_run("micro_gpt", tmp_path)
-    on_disk = json.loads((tmp_path / harness.JSON_NAME).read_text())
-    assert (tmp_path / harness.PNG_NAME).stat().st_size > 1000
+    on_disk = json.loads((tmp_path / speed.JSON_NAME).read_text())
     assert on_disk["results"][0]["config"] == "micro_gpt"
     for key in ("command", "machine", "peak_flops", "peak_flops_source", "loadavg_start",
                 "loadavg_end", "settings", "wall_s"):  # fmt: skip
         assert key in on_disk, key
     rec = result["results"][0]
-    assert rec["config_source"].startswith("bench/configs.py")
+    assert rec["config_source"].startswith("configs/experiment/gpt_shakespeare_char_tiny.yaml + ")
     # round 0 (compile) + 2 timed rounds, each running A then B
     assert rec["schedule"] == ["jax", "torch_eager"] * 3
-    assert rec["flops_per_step"] == gpt_flops_per_token(GPTConfig(**_MICRO_GPT.model)) * 8 * 2
+    assert rec["flops_per_step"] == gpt_flops_per_token(GPTConfig(**rec["model"])) * 8 * 2
     for impl in ("jax", "torch_eager"):
         res = rec["impls"][impl]
         assert res["status"] == "ok", res.get("traceback")
@@ -115,21 +97,19 @@ def test_two_step_run_writes_complete_record(tmp_path, monkeypatch):
     assert set(rec["ratios"]) == {"jax/torch_eager"}
     # same initial loss scale on both sides: ln(16) for a fresh model on uniform tokens
     assert abs(rec["impls"]["jax"]["losses"][0] - rec["impls"]["torch_eager"]["losses"][0]) < 0.5
-    assert "micro_gpt" in report.format_table(result)
+    assert "| micro_gpt | jax | " in speed.speed_markdown(result)
 
 
 def test_failing_impl_is_reported_not_raised(tmp_path, monkeypatch):
-    bad = bench_configs.BenchConfig(
-        name="bad_gpt", family="gpt", device="cpu",
-        model=dict(_MICRO_GPT.model, n_head=3),  # 16 is not divisible by 3: both sides refuse
-        batch_size=2, dtype="float32", optim=_MICRO_GPT.optim,
-    )  # fmt: skip
+    # 16 is not divisible by 3: the torch side refuses the model
+    bad = bench_configs.BenchConfig("bad_gpt", "gpt", "gpt_shakespeare_char_tiny",
+                                    overrides=(*_MICRO_GPT.overrides, "model.n_head=3"))  # fmt: skip
     monkeypatch.setitem(bench_configs.CONFIGS, "bad_gpt", bad)
     argv = "--configs bad_gpt --impls torch_eager --steps 1 --warmup 0 --inner 1 --peak-flops 1e12"
-    result = harness.main([*argv.split(), "--no-chart", "--out", str(tmp_path)])
+    result = speed.main([*argv.split(), "--out", str(tmp_path)])
     res = result["results"][0]["impls"]["torch_eager"]
     assert res["status"] == "error" and "Error" in res["error"]
-    assert "ERROR" in report.format_table(result)
+    assert "| bad_gpt | torch_eager | error: " in speed.speed_markdown(result)
 
 
 def test_bench_configs_compose_the_trainer_experiments():
@@ -158,9 +138,9 @@ def test_ttq_torch_side_stops_at_target(tmp_path, monkeypatch):
     (tmp_path / "input.txt").write_text(synthetic_text(), encoding="utf-8")
 
     micro = bench_configs.BenchConfig(
-        **{**_MICRO_GPT.__dict__, "name": "micro_char", "model": dict(_MICRO_GPT.model, vocab_size=65),
-           "ttq": dict(metric="val_loss", target=100.0, eval_interval=2, eval_iters=2, max_steps=6)}
-    )  # fmt: skip
+        "micro_char", "gpt", "gpt_shakespeare_char_tiny",
+        overrides=tuple(o for o in _MICRO_GPT.overrides if "vocab_size" not in o),
+        ttq=dict(metric="val_loss", target=100.0, eval_interval=2, eval_iters=2, max_steps=6))  # fmt: skip
     monkeypatch.setitem(bench_configs.CONFIGS, "micro_char", micro)
     paths = ["--data-dir", tmp_path / "d", "--input", tmp_path / "input.txt", "--out", tmp_path]
     result = ttq.main(["--configs", "micro_char", "--impls", "torch_eager", *map(str, paths)])
@@ -176,25 +156,14 @@ def test_ttq_torch_side_stops_at_target(tmp_path, monkeypatch):
 def test_trm_two_step_run_through_the_trainer_task(tmp_path, monkeypatch):
     # The TRM path: the trainer's TRMTask step (x64 loss) vs upstream's train_batch in torch.
     pytest.importorskip("torch")  # the PyTorch side of the pair (parity extra)
-    micro = bench_configs.BenchConfig(
-        name="micro_trm", family="trm", device="cpu",
-        model=dict(seq_len=9, vocab_size=5, num_puzzle_identifiers=1, puzzle_emb_ndim=8,
-                   puzzle_emb_len=1, hidden_size=8, num_heads=2, expansion=2, H_cycles=2,
-                   L_cycles=1, L_layers=1, halt_max_steps=2, halt_exploration_prob=0.1,
-                   forward_dtype="float32", mlp_t=True, pos_encodings="none"),
-        batch_size=4, dtype="float32",
-        optim=dict(lr=1e-3, lr_min_ratio=1.0, lr_warmup_steps=2, puzzle_emb_lr=1e-3,
-                   weight_decay=0.1, puzzle_emb_weight_decay=0.1, beta1=0.9, beta2=0.95,
-                   ema=True, ema_rate=0.99, total_steps=100),
-    )  # fmt: skip
-    monkeypatch.setitem(bench_configs.CONFIGS, "micro_trm", micro)
-    result = _two_step_run("micro_trm", tmp_path, "--no-chart")
+    monkeypatch.setitem(bench_configs.CONFIGS, "micro_trm", _MICRO_TRM)
+    result = _two_step_run("micro_trm", tmp_path)
     rec = result["results"][0]
     assert rec["schedule"] == ["jax", "torch_eager"] * 3
     for impl in ("jax", "torch_eager"):
         assert rec["impls"][impl]["status"] == "ok", rec["impls"][impl].get("traceback")
     assert rec["impls"]["jax"]["info"]["step"].startswith("train.jit.jit_train_step")
-    assert rec["flops_per_step"] == trm_flops_per_step(TRMConfig(**micro.model, batch_size=4), 4)
+    assert rec["flops_per_step"] == trm_flops_per_step(TRMConfig(**rec["model"], batch_size=4), 4)
     # both report upstream's loss per example; a fresh model on 4 labels sits near ln(5) + 0.5 BCE
     j, t = rec["impls"]["jax"]["losses"][0], rec["impls"]["torch_eager"]["losses"][0]
     assert 1.0 < j < 3.0 and 1.0 < t < 3.0 and abs(j - t) < 0.5
@@ -232,10 +201,12 @@ def test_profile_summary_counts_leaf_ops_once(tmp_path):
 
 
 def test_gpu_requested_without_gpu_is_a_clear_error(tmp_path):
+    from train.errors import ConfigError
+
     if gpu_names():
         pytest.skip("this machine has an NVIDIA GPU")
-    with pytest.raises(SystemExit, match="--device gpu, but nvidia-smi lists no NVIDIA GPU"):
-        harness.main(["--device", "gpu", "--out", str(tmp_path)])
+    with pytest.raises(ConfigError, match="--device gpu, but nvidia-smi lists no NVIDIA GPU"):
+        speed.main(["--device", "gpu", "--out", str(tmp_path)])
     assert not any(tmp_path.iterdir()), "nothing is written before the device is checked"
 
 
@@ -250,6 +221,8 @@ def test_gpu_requested_without_gpu_is_a_clear_error(tmp_path):
         ),
         (["bench", "timings", "--clone", "c", "--max-load", "-1"], "the 1-minute load average"),
         (["bench", "timings", "--clone", "c", "--parts", "tests"], "--parts tests: expected"),
+        (["bench", "gpu", "--parts", "nope"], "--parts: unknown nope; the plan's parts: env,"),
+        (["bench", "gpu", "--box", "env"], "--box expects KEY=SECONDS, got ['env']"),
     ],
 )
 def test_bench_commands_name_bad_input_in_one_line(tmp_path, argv, names):
@@ -265,10 +238,10 @@ def test_bench_commands_name_bad_input_in_one_line(tmp_path, argv, names):
     assert not any(tmp_path.iterdir()), "nothing is written"
 
 
-def test_timings_rows_from_records(tmp_path):
+def test_timings_rows_from_records():
     """bench.timings: the pytest summary it reads from `make test`'s output, the cells a record
-    gives (make test's install counts the base install), the row a machine's record fills, and
-    --tables writing the rows the README and docs/testing.md have."""
+    gives (make test's install counts the base install) and the row a machine's record fills (the
+    tables of them: tests/test_figures.py)."""
     from bench import timings
     from train.errors import ConfigError
 
@@ -296,31 +269,34 @@ def test_timings_rows_from_records(tmp_path):
     assert timings.row_name("AVX2", "native", 2, 2) == "avx2-busy2"
     with pytest.raises(ConfigError, match="no table row for 4 AVX2 cores"):
         timings.row_name("AVX2", "native", 4, 0)
-    for name in timings.TABLE_FILES:
-        os.makedirs(tmp_path / os.path.dirname(name), exist_ok=True)
-        with open(os.path.join(REPO, name)) as f, open(tmp_path / name, "w") as g:
-            g.write(f.read().replace(timings.NOT_MEASURED, "stale"))
-    timings.write_tables(str(tmp_path))
-    for name in timings.TABLE_FILES:
-        assert (tmp_path / name).read_text() == open(os.path.join(REPO, name)).read(), name
 
 
-def test_jax_model_override_values():
-    """`--jax-model k=v` (and bench.variants' `--variant`): booleans, JSON numbers, else strings."""
-    from bench import variants
+def test_jax_side_overrides_change_the_jax_model_only():
+    """`--jax-model KEY=VALUE` (and bench.variants' `--variant`): a bare key is a model field,
+    `optim.NAME` an optimiser field, each parsed and checked as the trainer's command line is; the
+    torch side keeps the experiment's values."""
+    from train.errors import ConfigError
 
-    assert harness._parse_overrides(["scan=true", "remat=False", "L_cycles=3"]) == {
-        "scan": True,
-        "remat": False,
-        "L_cycles": 3,
-    }
-    assert harness._parse_overrides(["attention_impl=explicit"]) == {"attention_impl": "explicit"}
-    assert variants._parse("attention_impl=xla,scan=true") == {
-        "attention_impl": "xla",
-        "scan": True,
-    }
-    with pytest.raises(SystemExit, match="key=value"):
-        harness._parse_overrides(["attention_impl"])
+    assert bench_configs.jax_override("scan=true") == "model.scan=true"
+    assert bench_configs.jax_override("optim.table_update=sparse") == "optim.table_update=sparse"
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        bench_configs.jax_override("scan")
+    rc = bench_configs.resolve(bench_configs.get("trm_sudoku_tiny"),
+                               jax_overrides=["scan=true", "L_cycles=3", "attention_impl=xla"])  # fmt: skip
+    assert (rc["jax_model"]["scan"], rc["jax_model"]["L_cycles"]) == (True, 3)
+    assert rc["jax_model"]["attention_impl"] == "xla"
+    assert (rc["model"]["scan"], rc["model"]["L_cycles"]) == (False, 2)
+
+
+def test_a_list_override_of_key_value_items_needs_quotes():
+    """docs/benchmarks.md, "A Hydra list override whose items hold `=` needs quotes"."""
+    from train.compose import load_config
+    from train.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="Hydra's override grammar does not read this value"):
+        load_config(["+experiment=trm_sudoku_tiny", "data.build_args=[train=40,test=16]"])
+    cfg = load_config(["+experiment=trm_sudoku_tiny", "data.build_args=['train=40','test=16']"])
+    assert list(cfg.data.build_args) == ["train=40", "test=16"]
 
 
 def test_trm_bench_batches_are_the_data_sets(tmp_path):

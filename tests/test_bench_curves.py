@@ -19,6 +19,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from bench.curves import CURVES, summarise, trainer_config, upstream_sources, upstream_trm_overrides
+from train.errors import ConfigError
 from train.families.trm.weights import upstream_overrides
 
 ALL_CONFIG = Path(__file__).parent / "goldens/trm_train/trm_train_mlp_t_checkpoint/all_config.yaml"
@@ -35,7 +36,7 @@ def _upstream_config_for(cfg: dict) -> dict:
 
 
 def test_upstream_trm_overrides_carry_our_settings_into_upstreams_schema():
-    cfg = trainer_config(CURVES["trm_sudoku_cpu"])
+    cfg = trainer_config(CURVES["trm_sudoku_cpu"].experiment)
     up = _upstream_config_for(cfg)
     for k in ("lr", "lr_min_ratio", "lr_warmup_steps", "beta1", "beta2", "weight_decay"):
         assert up[k] == pytest.approx(cfg["optim"][k]), k
@@ -80,7 +81,7 @@ def test_upstream_sources_recognises_each_checkout(tmp_path):
         "trm": trm.resolve(),
         "adam_atan2": adam.resolve(),
     }
-    with pytest.raises(SystemExit, match=f"--upstream-src {other}: not a nanoGPT"):
+    with pytest.raises(ConfigError, match=f"--upstream-src {other}: not a nanoGPT"):
         upstream_sources([str(other)])
 
 

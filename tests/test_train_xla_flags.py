@@ -37,7 +37,7 @@ def test_a_bad_value_is_one_config_error_while_composing():
 
 
 def test_trm_sudoku_turns_triton_gemm_off_and_the_flag_parses_on_this_cpu():
-    """The experiment's default (docs/benchmarks.md, "GPU: the second H200 session") is an XLA:GPU
+    """The experiment's default (docs/benchmarks.md, "Results on a GPU") is an XLA:GPU
     flag: on a CPU it must parse and change nothing, or trm_sudoku could not start here (XLA
     aborts a process on a flag it does not know)."""
     flags = load_config(["+experiment=trm_sudoku"]).run.xla_flags
