@@ -128,7 +128,7 @@ def _compose_experiment(cfg: BenchConfig, seed: int) -> tuple[dict, str]:
     overrides = [f"+experiment={cfg.experiment}", *_BENCH_TRAINER_OVERRIDES, *cfg.overrides]
     overrides.append(f"run.seed={seed}")
     if cfg.family == "gpt":
-        overrides.append("trainer.gradient_accumulation_steps=1")  # as nanoGPT bench.py
+        overrides.append("data.gradient_accumulation_steps=1")  # as nanoGPT bench.py
     trainer_cfg = OmegaConf.to_container(load_config(overrides), resolve=True)
     return trainer_cfg, f"configs/experiment/{cfg.experiment}.yaml + {' '.join(overrides[1:])}"
 
@@ -143,11 +143,10 @@ def _from_fields(cfg: BenchConfig, seed: int) -> tuple[dict, str]:
     trainer = {"global_batch_size": cfg.batch_size}
     if cfg.family == "gpt":
         model["dtype"] = cfg.dtype
-        trainer["gradient_accumulation_steps"] = 1
     else:
         trainer["total_steps"] = int(optim.pop("total_steps"))
     fields = {
-        "task": cfg.family,
+        "family": cfg.family,
         "run": {"name": f"bench-{cfg.name}", "seed": seed},
         "trainer": trainer,
         "model": model,
@@ -213,7 +212,7 @@ def resolve(
         items = batch
         # the trainer's schedule length: trainer.total_steps, else upstream's from the epochs
         optim["total_steps"] = int(t.get("total_steps") or 0) or total_steps(
-            int(t.get("epochs") or 0),
+            int(d.get("epochs") or 0),
             int(d.get("total_groups", 1000)),
             float(d.get("mean_puzzle_examples", 1.0)),
             batch,

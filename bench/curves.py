@@ -176,7 +176,7 @@ def upstream_trm_overrides(cfg: dict) -> list[str]:
     out += [f"{k}={v(o[k])}" for k in TRM_OPTIM_KEYS]
     out += [
         f"global_batch_size={t['global_batch_size']}",
-        f"epochs={t['epochs']}",
+        f"epochs={d['epochs']}",
         f"eval_interval={d['eval_interval_epochs']}",
         "evaluators=[]",
     ]

@@ -206,8 +206,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     quiet = ["logging.wandb=disabled", "trainer.progress_bar=false", "mesh=cpu"]
     cfg = OmegaConf.to_container(load_config([*a.overrides, *quiet]), resolve=True)
-    if cfg.get("task") != "trm":
-        raise SystemExit(f"bench.early_curve: a TRM experiment, not task={cfg.get('task')}")
+    if cfg.get("family") != "trm":
+        raise SystemExit(f"bench.early_curve: a TRM experiment, not family={cfg.get('family')}")
     xla_flags.apply(cfg["run"].get("xla_flags"))  # ours as the trainer runs (JAX starts later)
     if not cfg["data"].get("path"):
         raise SystemExit("bench.early_curve: data.path=DIR (a built TRM data set) is required")

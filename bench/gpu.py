@@ -579,7 +579,7 @@ class JaxTargetRun(TargetRun, TrainerRun):
         out = [f"data.path={ctx.asset('data', 'shakespeare_char')}",
                f"run.compilation_cache_dir={ctx.work / 'xla-cache'}"]  # fmt: skip
         if ctx.dry_run:
-            out += [f"trainer.eval_interval={DRY_EVAL_INTERVAL}", "trainer.eval_iters=5"]
+            out += [f"trainer.eval_interval={DRY_EVAL_INTERVAL}", "data.eval_iters=5"]
         return out
 
     def watch(self, t, line):

@@ -57,7 +57,7 @@ def make_batch(rc: dict, seed: int, tokens: str = "data") -> tuple[dict[str, np.
         ds = PuzzleTrainDataset(path, global_batch_size=B, seed=seed, process_index=0,
                                 process_count=1,
                                 epochs_per_iter=int(data_cfg.get("eval_interval_epochs")
-                                                    or rc["trainer_cfg"]["trainer"].get("epochs")
+                                                    or data_cfg.get("epochs")
                                                     or 1))  # fmt: skip
         return ds.make_batch(0, 0), f"train split of {path} (the trainer's first batch)"
     if tokens == "data" and (S, V) == (81, 11):

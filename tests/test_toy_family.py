@@ -108,7 +108,7 @@ def test_the_registry_finds_a_family_by_module_path_and_says_what_is_wrong():
     fam = families.family("tests.toy_family")
     assert isinstance(fam, Family) and fam.task.__name__ == "ToyTask"
     assert families.family("trm") is families.family("train.families.trm")
-    with pytest.raises(ConfigError, match="task must be one of"):
+    with pytest.raises(ConfigError, match="family must be one of"):
         families.family("vit")
     with pytest.raises(ConfigError, match="no module tests.no_such_family"):
         families.family("tests.no_such_family")
@@ -133,8 +133,8 @@ def test_the_entry_point_registers_it_by_name():
     assert families.names()["toy"] == "tests.toy_family"
     assert families.family("toy") is families.family("tests.toy_family")
     assert set(families.registered()) == {"gpt", "trm", "toy"}
-    cfg = load_config([SEARCH, "+experiment=toy", "task=toy"])
-    assert families.family(cfg.task).task.__name__ == "ToyTask"
+    cfg = load_config([SEARCH, "+experiment=toy", "family=toy"])
+    assert families.family(cfg.family).task.__name__ == "ToyTask"
 
 
 def test_commands_list_each_family_options_apart():

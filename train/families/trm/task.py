@@ -9,7 +9,7 @@
 
 Upstream pretrain.py's semantics: one optimizer step per ACT step on a carry that persists across
 batches (part of the trainer state, sharded like the batch, donated and checkpointed), halted slots
-refilled from the new batch. total_steps = int(epochs * total_groups * mean_puzzle_examples /
+refilled from the new batch. total_steps = int(data.epochs * total_groups * mean_puzzle_examples /
 global_batch) (`models.trm.optim.total_steps`); the data runs epochs / eval_interval_epochs
 ITERATIONS of eval_interval_epochs epochs each, each dropping its last partial batch, and
 evaluation runs at the end of every iteration. Evaluation sums every test batch's metrics and
@@ -36,7 +36,13 @@ from models.trm.flops import trm_flops_per_step
 from models.trm.losses import normalize_metrics
 from models.trm.optim import total_steps as schedule_steps
 from models.trm.scaling import Scaling, prefix_ks, trajectories_step
-from models.trm.training import TRMOptimConfig, ema_model, init_train_state, train_step
+from models.trm.training import (
+    TRMOptimConfig,
+    ema_model,
+    init_state,
+    init_train_state,
+    train_step,
+)
 from parity.files import load_file
 from parity.trm_params import from_torch, to_torch
 from train import mesh as mesh_lib
@@ -62,6 +68,8 @@ class TRMTask(Task):
     console_metrics = ("train/lm_loss", "train/exact_accuracy", "eval/all/exact_accuracy")
     # optim.ema adds the EMA to the state; the data keys fix what a data position means
     resume_keys = ("optim.ema", *(f"data.{k}" for k in ("eval_interval_epochs", *SIZES)))
+    # upstream's epochs live with the data they count, beside data.eval_interval_epochs
+    moved_keys = {"trainer.epochs": "data.epochs"}
     resume_free_keys = tuple(
         f"model.{k}"
         for k in ("attention_impl", "remat", "remat_policy", "scan", "embed_grad", "split_gate_up")
@@ -88,20 +96,20 @@ class TRMTask(Task):
                 "(upstream's arch.loss): move them under model"
             )
         check_fields(TRMOptimConfig, cfg.optim, "optim")
-        if cfg.trainer.total_steps == 0 and cfg.trainer.epochs == 0:
-            raise ConfigError("trainer: TRM needs trainer.epochs (or trainer.total_steps) > 0")
+        if cfg.trainer.total_steps == 0 and cfg.data.get("epochs", 0) == 0:
+            raise ConfigError("data: TRM needs data.epochs (or trainer.total_steps) > 0")
 
     @classmethod
     def planned_steps(cls, cfg) -> str:
         t = cfg.trainer
         if t.total_steps:
             return super().planned_steps(cfg)
-        path = cfg.data.get("path", "")
-        epochs = f"trainer.epochs={t.epochs} over the data set at batch {t.global_batch_size}"
+        path, n_epochs = cfg.data.get("path", ""), cfg.data.get("epochs", 0)
+        epochs = f"data.epochs={n_epochs} over the data set at batch {t.global_batch_size}"
         if not os.path.isfile(os.path.join(path, "train", "dataset.json")):
             return f"{epochs}: counted once the data set is built"
         s = data_sizes(path)
-        n = schedule_steps(t.epochs, s["total_groups"], s["mean_puzzle_examples"],
+        n = schedule_steps(n_epochs, s["total_groups"], s["mean_puzzle_examples"],
                            t.global_batch_size)  # fmt: skip
         return f"{n} ({epochs}: {s['total_groups']} puzzles, as upstream)"
 
@@ -141,11 +149,11 @@ class TRMTask(Task):
                  num_puzzle_identifiers=d.num_puzzle_identifiers),
             "model",
         )  # fmt: skip
-        self.epochs = int(cfg.trainer.epochs)
+        self.epochs = d.epochs
         self.eval_epochs = d.eval_interval_epochs or self.epochs
         if self.epochs and self.epochs % self.eval_epochs:
             raise ConfigError(
-                f"data.eval_interval_epochs={self.eval_epochs} must divide trainer.epochs={self.epochs} (as upstream)"
+                f"data.eval_interval_epochs={self.eval_epochs} must divide data.epochs={self.epochs} (as upstream)"
             )
         self.total_steps = int(cfg.trainer.total_steps) or schedule_steps(
             self.epochs, d.total_groups, d.mean_puzzle_examples, self.batch
@@ -207,9 +215,8 @@ class TRMTask(Task):
         # from the model's own `exploration` stream, part of the state and checkpointed with it
         model = TRM(self.model_cfg, rngs=nnx.Rngs(params=k_params, exploration=k_explore))
         model.train()
-        graphdef, train_state = init_train_state(model, self.optim)
         zeros = {k: jnp.zeros(s, dt) for k, (s, dt, _) in self.batch_shapes().items()}
-        return graphdef, {"train": train_state, "carry": model.initial_carry(zeros)}
+        return init_state(model, self.optim, zeros)
 
     def state_shardings_for(self, abstract_state):
         """Params / optimizer / EMA / table by the param rule; the carry like the batch."""
@@ -221,15 +228,11 @@ class TRMTask(Task):
             ),
         }
 
-    def train_step(self, state, batch):
-        train_state, carry, sums = train_step(
-            self.graphdef, state["train"], state["carry"], batch, config=self.optim,
-            total_steps=self.total_steps,
-        )  # fmt: skip
-        metrics = normalize_metrics(sums, mode="train", global_batch_size=self.batch)
-        # float32 scalars whatever the loss dtype (float64 with upstream's stablemax)
-        metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
-        return {"train": train_state, "carry": carry}, metrics
+    def bind_step(self, graphdef):
+        """models/trm/training.py's train_step over the schedule of `total_steps`."""
+        return functools.partial(
+            train_step, graphdef, config=self.optim, total_steps=self.total_steps
+        )
 
     # --- eval -------------------------------------------------------------------------------
     def eval_step(self, state, batch):
