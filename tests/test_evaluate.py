@@ -603,11 +603,11 @@ def test_export_without_torch_is_one_line_naming_the_extra(tmp_path, monkeypatch
 def test_trajectories_without_noise_are_refused_in_one_line(noise):
     """K > 1 trajectories with no noise would be K copies of the same run: refused before any
     compute, naming the missing option (K = 1 with noise 0 stays the plain evaluation's twin)."""
-    from train.families.trm.evaluate import _scaling
+    from train.families.trm.evaluate import TRMEvalOptions
 
     with pytest.raises(ConfigError, match=r"--trajectories 8 without noise .* add --noise SIGMA"):
-        _scaling(8, noise, None, None, None, 0)
-    assert _scaling(1, 0.0, None, None, None, 0).trajectories == 1
+        TRMEvalOptions(trajectories=8, noise=noise).scaling  # noqa: B018
+    assert TRMEvalOptions(trajectories=1, noise=0.0).scaling.trajectories == 1
 
 
 def test_plot_without_matplotlib_is_one_line_before_the_evaluation(

@@ -243,6 +243,30 @@ class Task:
             _, state = jax.jit(self.init, out_shardings=(None, self.state_shardings))(key)
         return state
 
+    def output_shardings(self, fn, abstract_state, shapes: BatchShapes):
+        """The shardings of `fn(state, batch)`'s outputs (an evaluation's dict of any shape),
+        derived rather than listed: a leaf whose leading axis follows the batch's rows (a per-row
+        prediction) is sharded like the batch, every other leaf (a sum over the batch, a curve)
+        replicated. `fn` is traced, nothing computed, at the rows of `shapes` and at twice as
+        many: the leaves that double are the per-row ones, whatever their sizes."""
+
+        def traced(times: int):
+            batch = {
+                k: jax.ShapeDtypeStruct(
+                    tuple(n * times if i == axis else n for i, n in enumerate(shape)), dtype
+                )
+                for k, (shape, dtype, axis) in shapes.items()
+            }
+            return jax.eval_shape(fn, abstract_state, batch)
+
+        replicated = mesh_lib.replicated(self.mesh)
+
+        def sharding(once, twice):
+            per_row = once.ndim > 0 and twice.shape[0] == 2 * once.shape[0]
+            return self.batch_sharding(once.ndim) if per_row else replicated
+
+        return jax.tree.map(sharding, traced(1), traced(2))
+
     def batch_sharding(self, ndim: int, batch_axis: int = 0) -> NamedSharding:
         spec = [None] * ndim
         spec[batch_axis] = mesh_lib.logical_to_mesh(self.cfg.mesh.rules, "batch")

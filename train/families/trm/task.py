@@ -35,7 +35,6 @@ from models.trm.evaluation import eval_step
 from models.trm.flops import trm_flops_per_step
 from models.trm.losses import normalize_metrics
 from models.trm.optim import total_steps as schedule_steps
-from models.trm.scaling import Scaling, prefix_ks, trajectories_step
 from models.trm.training import (
     TRMOptimConfig,
     ema_model,
@@ -58,6 +57,7 @@ from train.families.trm.data import (
     prepare_data,
     test_metadata,
 )
+from train.families.trm.evaluate import TRMEvalOptions
 from train.task import Task, record_in_config
 
 log = logging.getLogger(__name__)
@@ -252,16 +252,17 @@ class TRMTask(Task):
         return out
 
     def run_eval(self, state, *, data_dir: str | None = None, batch_size: int | None = None,
-                 extra_steps: int = 0, halt: bool = False, scaling: Scaling | None = None,
-                 evaluator=None, progress: bool = False) -> dict | None:  # fmt: skip
+                 options: TRMEvalOptions | None = None, evaluator=None,
+                 progress: bool = False) -> dict | None:  # fmt: skip
         """The evaluation loop the trainer runs (`evaluate`) and `python -m train.evaluate`
         runs: every test batch of `data_dir` (default data.path) through the jitted, sharded
-        eval step (models/trm/evaluation.py), summed on device, normalised as upstream.
+        eval step (`options.step`: models/trm/evaluation.py; default options: upstream's
+        evaluation), summed on device, normalised as upstream.
         -> {"metrics", "per_step": {"exact_accuracy": [...], "accuracy": [...]}, "count",
         "evaluator"} (None without a test split). `evaluator` (ARCEvaluator) gets every batch's
         predictions (the chosen ones with `scaling`) and q_halt logits.
 
-        With `scaling` (test-time scaling, models/trm/scaling.py): `scaling.trajectories` noisy
+        With `options.scaling` (test-time scaling, models/trm/scaling.py): `trajectories` noisy
         copies of every test puzzle, one answer chosen per puzzle, as batches of `batch_size` rows
         (rows // trajectories puzzles, a multiple of the data-parallel shards, at least one per
         shard); the result adds "trajectory_count", "chosen" (the chosen answers' metrics) and
@@ -270,13 +271,14 @@ class TRMTask(Task):
         data_dir = data_dir or self.data_dir
         if not os.path.exists(os.path.join(data_dir, "test", "dataset.json")):
             return None
+        options = options or TRMEvalOptions()
+        scaling = options.scaling
         batch = batch_size or self.data_cfg.eval_batch_size or self.batch
         if scaling is not None:  # puzzles per batch
             shards = mesh_lib.batch_shards(self.mesh, self.cfg.mesh.rules)
             batch = max(batch // scaling.trajectories // shards, 1) * shards
         ds = PuzzleTestDataset(data_dir, global_batch_size=batch)
-        fn, shapes = self._eval_fn_for(batch, int(extra_steps), bool(halt), scaling)
-        summed = ("sums", "per_step") + (("chosen", "by_k") if scaling is not None else ())
+        fn, shapes, summed = self._eval_fn_for(batch, options)
         total = None
         for i, local in enumerate(tqdm(ds, desc="evaluate", unit="batch", disable=not progress)):
             if scaling is not None:  # each puzzle's own noise, whatever the batching
@@ -307,35 +309,29 @@ class TRMTask(Task):
             )
         return result
 
-    def _eval_fn_for(self, batch: int, extra_steps: int, halt: bool, scaling: Scaling | None):
-        """(the jitted eval step for this batch and these options, its batch shapes): one compile
-        each. With `scaling`, models/trm/scaling.py's trajectories_step over `batch` puzzles."""
+    def _eval_fn_for(self, batch: int, options: TRMEvalOptions):
+        """(the jitted `options.step` for this batch, its batch shapes, the outputs that add over
+        batches): one compile each, its outputs' shardings derived (Task.output_shardings); every
+        output but the per-row ones is summed. With test-time scaling `batch` counts puzzles,
+        each with its "example" index."""
         shapes = self.batch_shapes(batch)
-        if scaling is not None:
+        if options.scaling is not None:
             shapes = {**shapes, "example": ((batch,), np.int32, 0)}
-        key = (batch, extra_steps, halt, scaling)
+        key = (batch, options.step_key())
         if key not in self._eval_fns:
             batch_sh = {k: v.sharding for k, v in self.abstract_batch(shapes).items()}
+            fn = options.step(self.graphdef)
+            out_sh = self.output_shardings(fn, self.abstract_state["train"], shapes)
             replicated = mesh_lib.replicated(self.mesh)
-            out_sh = {
-                "sums": replicated,
-                "per_step": replicated,
-                "preds": batch_sh["inputs"],
-                "q_halt_logits": self.batch_sharding(1),
-            }
-            if scaling is None:
-                fn = functools.partial(eval_step, self.graphdef, extra_steps=extra_steps, halt=halt)
-            else:
-                out_sh.update(chosen=replicated, by_k=replicated)
-                fn = functools.partial(
-                    trajectories_step, self.graphdef,
-                    trajectories=scaling.trajectories, noise=scaling.noise, select=scaling.select,
-                    extra_steps=extra_steps, halt=halt, ks=prefix_ks(scaling.trajectories),
-                )  # fmt: skip
-            self._eval_fns[key] = jax.jit(
+            summed = tuple(
+                k for k, sh in out_sh.items() if all(x == replicated for x in jax.tree.leaves(sh))
+            )
+            jitted = jax.jit(
                 fn, in_shardings=(self.state_shardings["train"], batch_sh), out_shardings=out_sh
             )
-        return self._eval_fns[key], shapes
+            self._eval_fns[key] = (jitted, summed)
+        jitted, summed = self._eval_fns[key]
+        return jitted, shapes, summed
 
     def _evaluator(self):
         """data.arc_eval.ARCEvaluator when configured (data.evaluator: arc). One instance per
