@@ -152,7 +152,7 @@ FORMER_TRAINER_KEYS = (
 
 def moved_key_message(old: str, new: str) -> str:
     """One line: `old` is a key that moved, and where it is now."""
-    return f"{old}: moved to {new}; set {new} instead"
+    return f"{old}: moved to {new}"
 
 
 def move_saved_keys(cfg: DictConfig, family_moved) -> None:
