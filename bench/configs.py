@@ -97,7 +97,7 @@ def schedule_steps(trainer_cfg: dict) -> int:
 
     t, d = trainer_cfg["trainer"], trainer_cfg.get("data") or {}
     return int(t.get("total_steps") or 0) or total_steps(
-        int(t.get("epochs") or 0), int(d.get("total_groups", 1000)),
+        int(d.get("epochs") or 0), int(d.get("total_groups", 1000)),
         float(d.get("mean_puzzle_examples", 1.0)), int(t["global_batch_size"]),
     )  # fmt: skip
 
@@ -117,7 +117,7 @@ def resolve(cfg: BenchConfig, *, seed: int = 0, jax_overrides=(), data_path=None
     overrides = [f"+experiment={cfg.experiment}", *_BENCH_OVERRIDES, *cfg.overrides,
                  f"run.seed={seed}"]  # fmt: skip
     if cfg.family == "gpt":
-        overrides.append("trainer.gradient_accumulation_steps=1")  # as nanoGPT bench.py
+        overrides.append("data.gradient_accumulation_steps=1")  # as nanoGPT bench.py
     if data_path:
         overrides.append(f"data.path={data_path}")
     base = _compose(overrides)

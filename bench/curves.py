@@ -112,7 +112,7 @@ def upstream_trm_overrides(cfg: dict) -> list[str]:
 
     return [*(f"arch.{k}={v(m[k])}" for k in TRM_ARCH_KEYS), f"arch.loss.loss_type={m['loss_type']}",
             *(f"{k}={v(o[k])}" for k in TRM_OPTIM_KEYS), f"global_batch_size={t['global_batch_size']}",
-            f"epochs={t['epochs']}", f"eval_interval={d['eval_interval_epochs']}", "evaluators=[]"]  # fmt: skip
+            f"epochs={d['epochs']}", f"eval_interval={d['eval_interval_epochs']}", "evaluators=[]"]  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------

@@ -84,8 +84,8 @@ def main(argv: list[str] | None = None) -> dict:
     command = "python -m bench demo " + shlex.join(argv or sys.argv[1:])
     from data.sudoku_easy import build_easy_sudoku
     from data.sudoku_sources import read_sudoku_csv
-    from train.distributed import quiet_tpu_probe
     from train.evaluate import evaluate
+    from train.runtime import quiet_tpu_probe
 
     quiet_tpu_probe()
     header = result_header("demo", command, detect_device())

@@ -56,7 +56,7 @@ DRY_CONFIG = {"trm_sudoku": "trm_sudoku_tiny", "trm_sudoku_att": "trm_sudoku_tin
 DRY_TARGET_VAL_LOSS = 3.3  # gpt_shakespeare_char_tiny: 3.08 at step 20 on tiny-shakespeare
 DRY_BOX_S = 30.0
 DRY_SPEED = "--impls jax,torch_eager --steps 2 --warmup 0 --inner 1 --peak-flops 1e11"
-DRY_OURS = "trainer.eval_interval=20 trainer.eval_iters=5"
+DRY_OURS = "trainer.eval_interval=20 data.eval_iters=5"
 # nanoGPT README's CPU recipe, shortened to the dry run's size (bench/curves.py has the full one)
 DRY_NANOGPT = ("--device=cpu --compile=False --eval_iters=5 --eval_interval=20 --warmup_iters=20 "
                "--log_interval=10 --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 "

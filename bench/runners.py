@@ -52,8 +52,7 @@ def make_batch(rc: dict, seed: int, tokens: str = "data") -> tuple[dict[str, np.
         from data.puzzle_source import PuzzleTrainDataset
 
         # as the trainer draws it (train/families/trm/task.py train_iterator)
-        epochs = int(data_cfg.get("eval_interval_epochs") or rc["trainer_cfg"]["trainer"].get(
-            "epochs") or 1)  # fmt: skip
+        epochs = int(data_cfg.get("eval_interval_epochs") or data_cfg.get("epochs") or 1)
         ds = PuzzleTrainDataset(path, global_batch_size=B, seed=seed, process_index=0,
                                 process_count=1, epochs_per_iter=epochs)  # fmt: skip
         return ds.make_batch(0, 0), f"train split of {path} (the trainer's first batch)"

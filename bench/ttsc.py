@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default="bench/results/ttsc")
     p.add_argument("--plot", help="PNG of every result in --out")
     a = p.parse_args(argv)
-    from train.distributed import quiet_tpu_probe
+    from train.runtime import quiet_tpu_probe
 
     quiet_tpu_probe()  # before JAX starts a backend: no libtpu probe lines on a CPU machine
     a.sigmas = [float(s) for s in a.sigmas.split(",")]

@@ -71,7 +71,7 @@ def tiny_gpt_overrides(
         f"optim.lr_decay_iters={steps - 1}",
         "optim.warmup_iters=2",
         "trainer.eval_interval=0",
-        "trainer.eval_iters=2",
+        "data.eval_iters=2",
     ]
 
 
@@ -145,7 +145,7 @@ def tiny_trm_overrides(
         "model.hidden_size=16",
         "model.puzzle_emb_ndim=16",
         "trainer.global_batch_size=16",
-        f"trainer.epochs={epochs}",
+        f"data.epochs={epochs}",
         "data.eval_interval_epochs=1",
         "optim.lr_warmup_steps=2",
     ]

@@ -570,7 +570,7 @@ devices = aot.topology_devices("v4-64")
 cfg = load_config(["+experiment=trm_sudoku", "mesh=v4-64", "model.loss_dtype=float64"])
 jax.config.update("jax_enable_x64", True)
 mesh = mesh_lib.make_mesh(cfg.mesh, devices=devices)
-task = family(cfg.task).task(cfg, mesh, need_data=False)  # make_task would refuse: check_backend
+task = family(cfg.family).task(cfg, mesh, need_data=False)  # make_task would refuse: check_backend
 jitted, args = build_train_step(cfg, mesh, task=task)
 compiled, *_ = aot.compile_step(jitted, args, mesh)
 hlo = compiled.as_text()

@@ -43,7 +43,7 @@ def test_upstream_trm_overrides_carry_our_settings_into_upstreams_schema():
     for k in ("puzzle_emb_lr", "puzzle_emb_weight_decay", "ema", "ema_rate"):
         assert up[k] == cfg["optim"][k], k
     assert up["global_batch_size"] == cfg["trainer"]["global_batch_size"]
-    assert up["epochs"] == cfg["trainer"]["epochs"]
+    assert up["epochs"] == cfg["data"]["epochs"]
     assert up["eval_interval"] == cfg["data"]["eval_interval_epochs"]
     assert up["evaluators"] == []
     # read back the way train.evaluate reads an upstream run's all_config.yaml

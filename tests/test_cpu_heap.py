@@ -1,4 +1,4 @@
-"""The CPU step's buffers stay in the heap (parity.backend.keep_cpu_step_buffers): a jitted
+"""The CPU step's buffers stay in the heap (train.runtime.keep_cpu_step_buffers): a jitted
 gradient step whose temporaries are one 256 MiB buffer runs again and again without new page faults,
 where glibc's defaults map and unmap that buffer at every call (docs/training.md, "The CPU step
 page-faults its buffers every step"); and the settings apply only where JAX runs on the CPU and
@@ -13,14 +13,14 @@ import sys
 
 import pytest
 
-from parity.backend import CPU_HEAP, keep_cpu_step_buffers
 from tests.helpers import REPO, build_tiny_sudoku, tiny_trm_overrides
+from train.runtime import CPU_HEAP, keep_cpu_step_buffers
 
 # A gradient step of a two-layer MLP (4096 x 16 inputs, 4096 hidden): 256 MiB of temporaries
 # (its 64 MiB activations and their gradients) in one buffer per call, few FLOPs.
 _FAULTS = """
 import json, resource
-from parity.backend import keep_cpu_step_buffers
+from train.runtime import keep_cpu_step_buffers
 applied = keep_cpu_step_buffers()
 import jax
 
@@ -92,7 +92,7 @@ def test_the_settings_apply_only_to_a_cpu_backend_nobody_configured():
     )
     if sys.platform == "linux":  # in a process of its own: it would change this one's malloc
         code = (
-            "import json; from parity.backend import keep_cpu_step_buffers as k; "
+            "import json; from train.runtime import keep_cpu_step_buffers as k; "
             "e = {'JAX_PLATFORMS': 'cpu'}; print(json.dumps([k(e), e]))"
         )
         proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,

@@ -380,7 +380,7 @@ def test_a_json_file_that_cannot_be_written_is_one_line_before_the_work(tmp_path
     (tmp_path / "file").write_text("mine")
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.yaml").write_text("task: trm\n")
+    (run / "config.yaml").write_text("family: trm\n")
     msg = _one_line_error(None, [str(run), "--json", str(tmp_path / "file" / "x.json")])
     assert msg == f"error: --json {tmp_path / 'file' / 'x.json'}: a file stands where its " \
         "folder must be", msg  # fmt: skip
@@ -395,10 +395,10 @@ def test_bad_source_is_one_line(tmp_path):
     assert "without config.yaml" in _one_line_error(None, [str(tmp_path)])
     run = tmp_path / "run"  # a run directory as far as its family goes; --data is checked first
     run.mkdir()
-    (run / "config.yaml").write_text("task: trm\n")
+    (run / "config.yaml").write_text("family: trm\n")
     assert "--data" in _one_line_error(None, [str(run), "--data", str(tmp_path / "y")])
-    (run / "config.yaml").write_text("task: vit\n")
-    assert "config.yaml: task must be one of" in _one_line_error(None, [str(run)])
+    (run / "config.yaml").write_text("family: vit\n")
+    assert "config.yaml: family must be one of" in _one_line_error(None, [str(run)])
 
 
 # --- ARC --------------------------------------------------------------------------------------
@@ -587,7 +587,7 @@ def test_export_without_torch_is_one_line_naming_the_extra(tmp_path, monkeypatch
     line = str(e.value.code)
     assert line.startswith("error: ") and "\n" not in line, line
     assert "pip install -e '.[parity]'" in line, line
-    toy = tmp_path / "toy"  # config.yaml alone: nothing else is read
+    toy = tmp_path / "toy"  # config.yaml alone (an older version's `task:`): nothing else is read
     toy.mkdir()
     (toy / "config.yaml").write_text("task: tests.toy_family\n")
     with pytest.raises(SystemExit) as e:
@@ -603,11 +603,11 @@ def test_export_without_torch_is_one_line_naming_the_extra(tmp_path, monkeypatch
 def test_trajectories_without_noise_are_refused_in_one_line(noise):
     """K > 1 trajectories with no noise would be K copies of the same run: refused before any
     compute, naming the missing option (K = 1 with noise 0 stays the plain evaluation's twin)."""
-    from train.families.trm.evaluate import _scaling
+    from train.families.trm.evaluate import TRMEvalOptions
 
     with pytest.raises(ConfigError, match=r"--trajectories 8 without noise .* add --noise SIGMA"):
-        _scaling(8, noise, None, None, None, 0)
-    assert _scaling(1, 0.0, None, None, None, 0).trajectories == 1
+        TRMEvalOptions(trajectories=8, noise=noise).scaling  # noqa: B018
+    assert TRMEvalOptions(trajectories=1, noise=0.0).scaling.trajectories == 1
 
 
 def test_plot_without_matplotlib_is_one_line_before_the_evaluation(

@@ -94,11 +94,11 @@ def port_config(variant: str, data_dir, out_dir):
 
     up = _manifest()["variants"][variant]["config"]
     assert up["eval_interval"] is None and not up["freeze_weights"]
-    drop = ("trainer.epochs=", "run.name=", "data.path=")
+    drop = ("data.epochs=", "run.name=", "data.path=")
     over = [o for o in upstream_overrides(up) if not o.startswith(drop)]
     over += [f"optim.{k}={up[k]}" for k in OPTIM_KEYS]
     over += [
-        f"trainer.epochs={up['epochs']}",
+        f"data.epochs={up['epochs']}",
         f"run.seed={up['seed']}",
         f"data.path={data_dir}",
         f"run.out_dir={out_dir}",

@@ -226,7 +226,7 @@ def test_run_directory_samples_as_its_exported_ckpt(tmp_path):
 @pytest.mark.slow  # the default tier checks it on train.main (test_train_inputs)
 def test_command_line_prints_no_tpu_probe_lines(char_ckpt):
     """The command as a user runs it, JAX_PLATFORMS unset, libtpu installed (make test installs
-    it) and no TPU: the samples and nothing of libtpu's probe (train.distributed.quiet_tpu_probe,
+    it) and no TPU: the samples and nothing of libtpu's probe (train.runtime.quiet_tpu_probe,
     which every entry point calls; docs/training.md, "Setting JAX_PLATFORMS in os.environ after import jax does nothing")."""
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
     cmd = [sys.executable, "-m", "train.sample", str(char_ckpt[0]), "--start", "All:"]

@@ -108,7 +108,7 @@ def test_the_registry_finds_a_family_by_module_path_and_says_what_is_wrong():
     fam = families.family("tests.toy_family")
     assert isinstance(fam, Family) and fam.task.__name__ == "ToyTask"
     assert families.family("trm") is families.family("train.families.trm")
-    with pytest.raises(ConfigError, match="task must be one of"):
+    with pytest.raises(ConfigError, match="family must be one of"):
         families.family("vit")
     with pytest.raises(ConfigError, match="no module tests.no_such_family"):
         families.family("tests.no_such_family")
@@ -133,8 +133,8 @@ def test_the_entry_point_registers_it_by_name():
     assert families.names()["toy"] == "tests.toy_family"
     assert families.family("toy") is families.family("tests.toy_family")
     assert set(families.registered()) == {"gpt", "trm", "toy"}
-    cfg = load_config([SEARCH, "+experiment=toy", "task=toy"])
-    assert families.family(cfg.task).task.__name__ == "ToyTask"
+    cfg = load_config([SEARCH, "+experiment=toy", "family=toy"])
+    assert families.family(cfg.family).task.__name__ == "ToyTask"
 
 
 def test_commands_list_each_family_options_apart():
@@ -165,3 +165,35 @@ def test_a_family_without_an_original_code_base_says_so_in_one_line(tmp_path):
         f"trainer.init_from={str(weights)!r}: cannot import it: tests.toy_family: the family reads "
         "no checkpoint of an original code base (Task.import_weights)"
     )
+
+
+def test_an_evaluations_output_shardings_are_derived():
+    """Task.output_shardings: an evaluation returns a dict of any shape and its shardings follow
+    from it: a leaf whose leading axis follows the batch's rows is sharded like the batch, every
+    other replicated, a curve as long as the batch has rows included."""
+    import jax.numpy as jnp
+
+    cfg = load_config([SEARCH, "+experiment=toy"])
+    task = families.family(cfg.family).task(cfg, make_mesh(cfg.mesh))
+    rows = 16
+
+    def evaluation(state, batch):
+        model, _ = task.model(state)
+        logits = model(batch["x"])
+        return {
+            "sums": {"count": jnp.float32(batch["y"].shape[0]), "loss": logits.sum()},
+            "curve": jnp.zeros(rows),  # per step, not per row: as long as the batch by chance
+            "logits": logits,
+            "correct": logits.argmax(-1) == batch["y"],
+        }
+
+    out = task.output_shardings(evaluation, task.abstract_state, task.batch_shapes(rows))
+    specs = jax.tree.map(lambda s: tuple(s.spec), out)
+    per_row = tuple(task.batch_sharding(1).spec)
+    assert per_row[0] is not None  # the batch axis is sharded on this mesh
+    assert specs == {
+        "sums": {"count": (), "loss": ()},
+        "curve": (),
+        "logits": (*per_row, None),
+        "correct": per_row,
+    }, specs

@@ -23,14 +23,14 @@ from train.families import family
 
 
 def check_backend(cfg, platform: str) -> None:
-    family(cfg.task).task.check_backend(cfg, platform)
+    family(cfg.family).task.check_backend(cfg, platform)
 
 
 EXPERIMENTS = sorted(
     os.path.splitext(os.path.basename(p))[0]
     for p in glob.glob(os.path.join(REPO, "configs", "experiment", "*.yaml"))
 )
-TRM_EXPERIMENTS = [e for e in EXPERIMENTS if load_config([f"+experiment={e}"]).task == "trm"]
+TRM_EXPERIMENTS = [e for e in EXPERIMENTS if load_config([f"+experiment={e}"]).family == "trm"]
 
 
 def test_the_experiment_lists_are_not_empty():
@@ -46,7 +46,7 @@ def test_mesh_v4_64_gives_the_recommended_settings_that_a_tpu_accepts(experiment
     assert (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor) == (1, 32, 1)
     assert cfg.mesh.param_sharding == "replicate"
     check_backend(cfg, "tpu")  # raises ConfigError for a float64 loss
-    if cfg.task == "trm":
+    if cfg.family == "trm":
         assert cfg.model.loss_dtype == "float32"
 
 

@@ -61,7 +61,7 @@ KNOWN_PARAMETER_COUNTS = {
 def _parameter_count(task) -> int:
     from flax import nnx
 
-    if task.cfg.task == "trm":
+    if task.cfg.family == "trm":
         params = task.abstract_state["train"].params
     else:  # the GPT state is nnx.split((model, optimizer)): merge the abstract leaves back
         model, _ = nnx.merge(task.graphdef, task.abstract_state)
@@ -80,7 +80,7 @@ def test_every_experiment_builds_its_abstract_train_state(name):
 
     cfg = load_config([f"+experiment={name}"])
     live = sum(a.nbytes for a in jax.live_arrays())
-    cls = family(cfg.task).task  # make_task without its process-wide x64 switch
+    cls = family(cfg.family).task  # make_task without its process-wide x64 switch
     with jax.enable_x64(cls.needs_x64(cfg)):  # the trainer enables x64 for the float64 TRM loss
         task = cls(cfg, make_mesh(cfg.mesh, devices=jax.devices()[:1]), need_data=False)
     grown = sum(a.nbytes for a in jax.live_arrays()) - live
@@ -127,7 +127,7 @@ def test_bad_gpt_config_is_rejected_with_the_key(override, needle):
     [
         (["+optim.learning_rate=1"], "learning_rate"),  # a nanoGPT key in a TRM run
         (["+optim.global_batch_size=3"], "global_batch_size"),  # trainer-owned
-        (["trainer.epochs=0"], "epochs"),
+        (["data.epochs=0"], "data.epochs"),
     ],
 )
 def test_bad_trm_config_is_rejected_with_the_key(override, needle):
@@ -150,8 +150,8 @@ def test_trm_data_sizes_come_from_the_data_set_or_its_own_config():
     cls = family("trm").task
     cfg = load_config(["+experiment=trm_sudoku", "data.path=nowhere"])
     t, d = cfg.trainer, cfg.data
-    n = total_steps(t.epochs, d.total_groups, d.mean_puzzle_examples, t.global_batch_size)
-    assert cls.planned_steps(cfg).startswith(f"{n} (trainer.epochs={t.epochs} ")
+    n = total_steps(d.epochs, d.total_groups, d.mean_puzzle_examples, t.global_batch_size)
+    assert cls.planned_steps(cfg).startswith(f"{n} (data.epochs={d.epochs} ")
     tiny = load_config(["+experiment=trm_sudoku_tiny", "data.path=nowhere"])
     assert cls.planned_steps(tiny).endswith(": counted once the data set is built")
     unknown = ["data.total_groups=null", "data.mean_puzzle_examples=null"]
@@ -269,6 +269,24 @@ def test_unknown_keys_under_hydra_and_lists():
     assert "+experiment=NAME" in _error(["model.n_layr=3"])
 
 
+@pytest.mark.parametrize(
+    "override, line",
+    [
+        ("task=trm", "task: moved to family"),
+        ("trainer.epochs=3", "trainer.epochs: moved to data.epochs"),
+    ],
+)
+def test_a_moved_key_is_one_line_naming_its_new_place(override, line):
+    """A key that moved (the family's name; a family's knob that left the trainer section for
+    its own) is one line naming where it is now, given as an override or added with `+` (without
+    an experiment, naming the family whose knob it is)."""
+    tiny = "+experiment=trm_sudoku_tiny"
+    assert _error([tiny, override]) == line
+    assert _error([tiny, f"+{override}"]) == line
+    if override.startswith("trainer."):  # no family yet: the family that moved it is named
+        assert _error([override]) == f"{line} (family trm)"
+
+
 def test_mesh_presets():
     cfg = load_config(["+experiment=trm_sudoku_tiny", "mesh=v4-64"])
     assert mesh_shape(cfg.mesh, 32) == (1, 32, 1)
@@ -286,7 +304,7 @@ def test_x64_is_needed_only_for_trm_with_the_float64_loss():
     from train.families import family
 
     def needs_x64(cfg):
-        return family(cfg.task).task.needs_x64(cfg)
+        return family(cfg.family).task.needs_x64(cfg)
 
     assert needs_x64(load_config(["+experiment=trm_sudoku_tiny"]))  # upstream's default loss
     assert not needs_x64(load_config(["+experiment=trm_sudoku_tiny", "model.loss_dtype=float32"]))
@@ -357,10 +375,12 @@ def test_section_yamls_hold_only_what_they_change():
 
 def test_a_run_of_an_older_version_opens_with_the_keys_added_since_at_their_defaults():
     """A run directory's config.yaml written before a key of the trainer's sections existed
-    (run.xla_flags, checkpoint.keep_best here) opens for train.evaluate / sample / export with
-    those keys at their defaults; one without a whole section, or with a value of the wrong
-    type, is one ConfigError line. `mesh=NAME` on a saved config swaps in that preset, its
-    platform included, and leaves the model as the run had it."""
+    (run.xla_flags, checkpoint.keep_best here), or with keys that moved since (`task:` for
+    `family:`, a family's knobs once in the trainer section), opens for train.evaluate / sample /
+    export with the new keys at their defaults and the moved ones in their places (a former
+    trainer key the family never read is dropped); one without a whole section, or with a value of
+    the wrong type, is one ConfigError line. `mesh=NAME` on a saved config swaps in that preset,
+    its platform included, and leaves the model as the run had it."""
     from omegaconf import OmegaConf
 
     from train.compose import load_run_config
@@ -368,6 +388,9 @@ def test_a_run_of_an_older_version_opens_with_the_keys_added_since_at_their_defa
     cfg = load_config(["+experiment=trm_sudoku_tiny"])
     saved = OmegaConf.to_container(cfg, resolve=True)
     del saved["run"]["xla_flags"], saved["checkpoint"]["keep_best"]
+    saved["task"] = saved.pop("family")  # as an older version wrote them
+    saved["trainer"].update(epochs=saved["data"].pop("epochs"), eval_iters=0)
+    saved["trainer"]["gradient_accumulation_steps"] = 1
     opened = load_run_config(OmegaConf.to_yaml(saved))
     assert opened.run.xla_flags == "" and opened.checkpoint.keep_best is True
     assert opened.model == cfg.model and opened.trainer == cfg.trainer
@@ -376,6 +399,17 @@ def test_a_run_of_an_older_version_opens_with_the_keys_added_since_at_their_defa
     assert (tpu.mesh.fsdp, tpu.mesh.platform, tpu.model.loss_dtype) == (32, "tpu", "float64")
     back = OmegaConf.to_yaml(OmegaConf.to_container(tpu, resolve=True))
     assert load_run_config(back, ["mesh=cpu"]).mesh.platform == ""
+    assert opened.family == "trm" and opened.data == cfg.data and opened.data.epochs == 320
+    gpt = OmegaConf.to_container(load_config(["+experiment=gpt_shakespeare_char_tiny"]))
+    gpt["task"] = gpt.pop("family")
+    gpt["trainer"].update(
+        epochs=0,
+        eval_iters=gpt["data"].pop("eval_iters"),
+        gradient_accumulation_steps=gpt["data"].pop("gradient_accumulation_steps"),
+    )
+    opened = load_run_config(OmegaConf.to_yaml(gpt))
+    assert "epochs" not in opened.trainer and "eval_iters" not in opened.trainer
+    assert (opened.data.eval_iters, opened.data.gradient_accumulation_steps) == (20, 1)
     with pytest.raises(ConfigError, match="^no 'run' section; expected the config.yaml"):
         load_run_config("task: trm\n")
     saved["trainer"]["max_steps"] = "many"

@@ -101,7 +101,7 @@ def test_gpt_kill_and_resume_is_bit_identical(text_dir, tmp_path):
     raises TraceContextError when it draws a mask:
     docs/porting_nanogpt.md, "Dropout inside the accumulation scan")."""
     out = str(tmp_path)
-    steps = ["trainer.gradient_accumulation_steps=2", "trainer.global_batch_size=16"]
+    steps = ["data.gradient_accumulation_steps=2", "trainer.global_batch_size=16"]
     _run(tiny_gpt_overrides(text_dir, out, "straight", steps=30) + steps, 8)
     args = tiny_gpt_overrides(text_dir, out, "killed", steps=30) + steps + ["checkpoint.interval=3"]
     run_dir = os.path.join(out, "killed")

@@ -39,7 +39,7 @@ def test_cfg_job_prints_the_composed_experiment():
     done = _main(*overrides, "--cfg", "job", "--resolve")
     assert done.returncode == 0, done.stderr[-2000:]
     cfg = yaml.safe_load(done.stdout)
-    assert cfg["task"] == "trm" and cfg["run"]["name"] == "trm_sudoku_tiny"
+    assert cfg["family"] == "trm" and cfg["run"]["name"] == "trm_sudoku_tiny"
     assert cfg["optim"]["lr"] == 3e-4 and cfg["model"]["hidden_size"] == 32
     assert cfg["mesh"]["platform"] == "tpu" and cfg["model"]["loss_dtype"] == "float32"
     assert "hydra" not in cfg
@@ -86,9 +86,9 @@ def test_a_typo_in_a_hydra_command_line_is_the_plain_runs_line():
 
 
 def test_bad_override_is_one_line_and_exit_1(tmp_path):
-    done = _main("+experiment=trm_sudoku_tiny", "trainer.epochs=0", f"run.out_dir={tmp_path}")
+    done = _main("+experiment=trm_sudoku_tiny", "data.epochs=0", f"run.out_dir={tmp_path}")
     assert done.returncode == 1
-    assert done.stderr.startswith("error: ") and "trainer.epochs" in done.stderr, done.stderr
+    assert done.stderr.startswith("error: ") and "data.epochs" in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert os.listdir(tmp_path) == []  # nothing ran
 

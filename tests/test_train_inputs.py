@@ -129,7 +129,7 @@ def test_batch_not_divisible_by_the_devices_is_one_line(sudoku_dir, tmp_path):
 @pytest.mark.parametrize(
     "batch, expected",
     [
-        (1024, "trainer.global_batch_size=1024 is larger than the data set: trainer.epochs=2 x"),
+        (1024, "trainer.global_batch_size=1024 is larger than the data set: data.epochs=2 x"),
         (64, "trainer.global_batch_size=64 is larger than one iteration of the data set: "),
     ],
 )

@@ -137,7 +137,7 @@ def test_a_signal_at_any_moment_loses_nothing(straight, tmp_path, moment):
     elif moment == "during_an_async_save":
         extra, when = ["checkpoint.interval=4"], _saving(run_dir)
     elif moment == "during_an_evaluation":
-        extra = ["trainer.eval_interval=10", "trainer.eval_iters=60"]
+        extra = ["trainer.eval_interval=10", "data.eval_iters=60"]
         when = _evaluating(run_dir, 10)
     elif moment == "sigint":
         sig, when = signal.SIGINT, _steps_logged_at_least(run_dir, 7)

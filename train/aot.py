@@ -527,10 +527,10 @@ def topology_devices(topology: str = "v4-64"):
 
 
 def _name(overrides: Sequence[str], cfg) -> str:
-    """The experiment the overrides name, else the config's task."""
+    """The experiment the overrides name, else the config's family."""
     return next(
         (o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("experiment=")),
-        cfg.task,
+        cfg.family,
     )
 
 
@@ -546,7 +546,7 @@ def aot_compile(
     print a line saying what is compiled, before the compile."""
     cfg = load_config(list(overrides))  # exactly as train.main composes and validates it
     # as the trainer does on the slice (every slice in TOPOLOGIES is a TPU), before libtpu loads
-    family(cfg.task).task.check_backend(cfg, "tpu")
+    family(cfg.family).task.check_backend(cfg, "tpu")
     spec = TOPOLOGIES.get(topology)
     devices = topology_devices(topology)
     mesh = mesh_lib.make_mesh(cfg.mesh, devices=devices)

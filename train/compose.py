@@ -218,7 +218,8 @@ def _missing_key_line(cfg, key: str) -> str | None:
                     f"config error: {key}: the {parent} section's keys come with the model family; "
                     "did you forget +experiment=NAME (configs/experiment/)?"
                 )
-            return config_lib.unknown_keys_message(parent or "config", [part], known, owner)
+            moved = moved_keys(OmegaConf.select(cfg, "family", throw_on_missing=False))
+            return config_lib.unknown_keys_message(parent or "config", [part], known, owner, moved)
         node, parent = node[part], f"{parent}.{part}".lstrip(".")
     return None
 
@@ -227,10 +228,10 @@ def _known_keys(cfg, parent: str) -> tuple[set | None, str | None]:
     """(the keys section `parent` takes, who says so); (None, None) for a free-form mapping, and
     (set(), None) for a family's section without a family (no experiment)."""
     if parent in ("model", "data", "optim"):  # the family's sections: its dataclasses
-        task = OmegaConf.select(cfg, "task", throw_on_missing=False)
-        if task is None:
+        name = OmegaConf.select(cfg, "family", throw_on_missing=False)
+        if name is None:
             return set(), None
-        cls = family(task).task.config_sections[parent][0]
+        cls = family(name).task.config_sections[parent][0]
         return {f.name for f in dataclasses.fields(cls)}, cls.__name__
     cls = OmegaConf.get_type(OmegaConf.select(cfg, parent) if parent else cfg)
     if not dataclasses.is_dataclass(cls):
@@ -250,7 +251,10 @@ def load_run_config(text: str, overrides=()):
     if not isinstance(cfg, DictConfig):
         raise ConfigError("expected the config.yaml python -m train.main writes (a mapping)")
     try:
-        config_lib.fill_new_keys(cfg)  # a run of an older version lacks the keys added since
+        # a run of an older version: its keys that moved since in their places now, and the
+        # keys added since at their defaults
+        config_lib.move_saved_keys(cfg, _family_moved_keys)
+        config_lib.fill_new_keys(cfg)
     except ConfigError:
         raise
     except (OmegaConfBaseException, ValueError, TypeError) as e:
@@ -293,5 +297,26 @@ def apply_overrides(cfg, overrides) -> None:
 def validate(cfg) -> None:
     """The trainer's sections (train.config.validate), then the model family's
     (Task.validate_config: model / data / optim). Raises ConfigError."""
-    config_lib.validate(cfg)
-    family(cfg.task).task.validate_config(cfg)
+    config_lib.validate(cfg, moved_keys(OmegaConf.select(cfg, "family", throw_on_missing=False)))
+    family(cfg.family).task.validate_config(cfg)
+
+
+def moved_keys(name: str | None = None) -> dict[str, str]:
+    """Old dotted key -> where it is now: the trainer's (train.config.MOVED) and the family
+    `name`'s (Task.moved_keys); without a family that resolves, every registered family's, each
+    new place naming its family (a key one family moved is unknown to the others)."""
+    out = dict(config_lib.MOVED)
+    try:
+        out.update(_family_moved_keys(name) if name else {})
+    except ConfigError:
+        name = None
+    if not name:
+        for other, fam in families.registered().items():
+            for old, new in fam.task.moved_keys.items():
+                out.setdefault(old, f"{new} (family {other})")
+    return out
+
+
+def _family_moved_keys(name: str | None) -> dict[str, str]:
+    """The family `name`'s Task.moved_keys ({} without a name)."""
+    return dict(family(name).task.moved_keys) if name else {}

@@ -56,7 +56,7 @@ class RunConfig:
     # (train/xla_flags.py): set before the backend starts; your own XLA_FLAGS win a repeated flag.
     xla_flags: str = ""
     # Keep the CPU step's temporary buffer in the heap from step to step (glibc malloc: one arena,
-    # no mmap; parity.backend.keep_cpu_step_buffers): the step of a model whose temporaries pass
+    # no mmap; train.runtime.keep_cpu_step_buffers): the step of a model whose temporaries pass
     # 64 MB runs up to 2x faster, compiling takes ~1-3 s longer, and the process keeps the memory
     # it freed. Only with a CPU backend; for runs of thousands of steps (the CPU experiments).
     cpu_heap: bool = False
@@ -66,17 +66,13 @@ class RunConfig:
 class TrainerConfig:
     global_batch_size: int = MISSING  # rows of one (micro-)batch over all processes
     # Stop after this many optimiser steps. 0 = the family derives it from its own schedule
-    # (TRM: epochs x examples / batch, as upstream; GPT: max_iters + 1, as nanoGPT's loop).
+    # (TRM: data.epochs x examples / batch, as upstream; GPT: max_iters + 1, as nanoGPT's loop).
     total_steps: int = 0
     # If > 0, stop at this step with the schedule unchanged (the start of a long run; a rerun
     # with a larger value continues it).
     max_steps: int = 0
-    epochs: int = 0  # passes over the training data, for a family that counts them (TRM)
     eval_interval: int = 0  # steps between evaluations (0 = only at the end)
     log_interval: int = 10
-    eval_iters: int = 0  # batches per split, for a family that evaluates that many (GPT)
-    # Micro-batches per optimiser step, for a family that accumulates (GPT; global, as nanoGPT).
-    gradient_accumulation_steps: int = 1
     # scratch | a weights file of the family's original code base (its Task.import_weights)
     init_from: str = "scratch"
     eval_at_start: bool = False
@@ -135,7 +131,7 @@ class CheckpointConfig:
 class Config:
     # The model family: a name of train/families/__init__.py's FAMILIES (gpt, trm), or the module
     # path of a family package (docs/architecture.md, "Adding a model family").
-    task: str = MISSING
+    family: str = MISSING
     run: RunConfig = field(default_factory=RunConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
@@ -145,6 +141,47 @@ class Config:
     model: dict[str, Any] = field(default_factory=dict)  # its model config (GPTConfig, TRMConfig)
     data: dict[str, Any] = field(default_factory=dict)
     optim: dict[str, Any] = field(default_factory=dict)  # its optimiser config
+
+
+# Keys that moved, by their old dotted name -> where each is now: the trainer's own here; a
+# family's knobs that left the trainer section are its Task.moved_keys. An old key given now is
+# one line naming the new one (`unknown_keys_message`); a saved config.yaml (a run directory of
+# an older version) is read with it moved (`move_saved_keys`).
+MOVED = {"task": "family"}
+# Keys of the trainer section an older version wrote that a family reads in its own section now
+# (its Task.moved_keys says where); a saved config of a family that never read one drops it.
+FORMER_TRAINER_KEYS = (
+    "trainer.epochs",
+    "trainer.eval_iters",
+    "trainer.gradient_accumulation_steps",
+)
+
+
+def moved_key_message(old: str, new: str) -> str:
+    """One line: `old` is a key that moved, and where it is now."""
+    return f"{old}: moved to {new}"
+
+
+def move_saved_keys(cfg: DictConfig, family_moved) -> None:
+    """A saved config (a run directory's config.yaml, `cfg` not in struct mode) with the keys an
+    older version wrote in their places now, in place: MOVED's (the family's name), then
+    `family_moved(family_name)` (the family's Task.moved_keys) for FORMER_TRAINER_KEYS; a former
+    trainer key the family does not take is dropped (the family never read it). A key already in
+    its new place is kept."""
+    for old, new in MOVED.items():
+        if old in cfg and new not in cfg:
+            cfg[new] = cfg[old]
+        cfg.pop(old, None)
+    if not isinstance(cfg.get("trainer"), DictConfig):
+        return
+    former = [k for k in FORMER_TRAINER_KEYS if k.partition(".")[2] in cfg.trainer]
+    moved = family_moved(cfg.get("family")) if former else {}
+    for old in former:
+        value = OmegaConf.select(cfg, old)
+        new = moved.get(old)
+        if new is not None and OmegaConf.select(cfg, new, default=None) is None:
+            OmegaConf.update(cfg, new, value, force_add=True)
+        cfg.trainer.pop(old.partition(".")[2])
 
 
 def section_defaults(cls, exclude=()) -> dict:
@@ -186,8 +223,14 @@ def register_schema() -> None:
     ConfigStore.instance().store(name="base_config", node=Config)
 
 
-def unknown_keys_message(where: str, unknown, known, owner: str) -> str:
-    """One line: the unknown key(s) of a section, a close match for each, and the known ones."""
+def unknown_keys_message(where: str, unknown, known, owner: str, moved=None) -> str:
+    """One line: the unknown key(s) of a section, a close match for each, and the known ones; a
+    key that moved (`moved`: old dotted key -> new, default MOVED) is the line naming its place."""
+    moved = MOVED if moved is None else moved
+    for key in unknown:
+        dotted = str(key) if where == "config" else f"{where}.{key}"
+        if dotted in moved:
+            return moved_key_message(dotted, moved[dotted])
     hints = []
     for key in unknown:
         close = difflib.get_close_matches(str(key), sorted(known), n=1)
@@ -272,12 +315,13 @@ def _positive(value, where: str, allow_zero: bool = False):
         raise ConfigError(f"{where} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: DictConfig, moved=None) -> None:
     """Checks every value of the trainer's own sections; raises ConfigError before any compute.
+    `moved`: the keys that moved (default MOVED; train/compose.py adds the family's).
 
     The family's sections (model / data / optim) are checked by its Task.validate_config.
     """
-    _check_known_keys(cfg)
+    _check_known_keys(cfg, moved)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(
@@ -324,27 +368,25 @@ _SECTIONS = (
 )
 
 
-def _check_known_keys(cfg) -> None:
+def _check_known_keys(cfg, moved=None) -> None:
     # `+key=value` on the command line force-adds keys even to structured nodes: check them here.
     sections = {f.name for f in dataclasses.fields(Config)}
     unknown = sorted(set(cfg.keys()) - sections)
     if unknown:
-        raise ConfigError(unknown_keys_message("config", unknown, sections, "the top level"))
+        raise ConfigError(unknown_keys_message("config", unknown, sections, "the top level", moved))
     for name, cls in _SECTIONS:
         names = {f.name for f in dataclasses.fields(cls)}
         extra = sorted(set(cfg[name].keys()) - names)
         if extra:
-            raise ConfigError(unknown_keys_message(name, extra, names, cls.__name__))
+            raise ConfigError(unknown_keys_message(name, extra, names, cls.__name__, moved))
 
 
 def _check_trainer(t) -> None:
     _positive(t.global_batch_size, "trainer.global_batch_size")
     _positive(t.log_interval, "trainer.log_interval")
     _positive(t.profile_steps, "trainer.profile_steps")
-    for key in ("total_steps", "max_steps", "epochs", "eval_interval", "eval_iters",
-                "profile_start"):  # fmt: skip
+    for key in ("total_steps", "max_steps", "eval_interval", "profile_start"):
         _positive(t[key], f"trainer.{key}", allow_zero=True)
-    _positive(t.gradient_accumulation_steps, "trainer.gradient_accumulation_steps")
     if t.on_nonfinite not in NONFINITE_MODES:
         raise ConfigError(
             f"trainer.on_nonfinite must be one of {'|'.join(NONFINITE_MODES)}, "

@@ -15,8 +15,6 @@ import os
 
 import jax
 
-from parity.backend import quiet_tpu_probe  # noqa: F401 (re-exported for the entry points)
-
 
 def initialize() -> None:
     addr = os.environ.get("JAX_COORDINATOR_ADDRESS")

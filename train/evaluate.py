@@ -53,8 +53,8 @@ def _evaluate(source: str, *, step, data, batch, overrides, save_dir, progress, 
         if data is not None:
             data = _converted(data, tmp)
         src = open_source(source, step=step, data=data, overrides=overrides)
-        evaluation = families.family(src.cfg.task).evaluation
-        _check_options(evaluation, src.cfg.task, options)
+        evaluation = families.family(src.cfg.family).evaluation
+        _check_options(evaluation, src.cfg.family, options)
         report = {"source": source, "kind": src.kind}
         if src.kind == "run":
             report["step"] = src.step
@@ -90,12 +90,12 @@ def option_defaults(evaluation) -> dict:
     return vars(parser.parse_args([]))
 
 
-def _check_options(evaluation, task: str, options: dict) -> None:
+def _check_options(evaluation, family: str, options: dict) -> None:
     """ConfigError naming the `options` that are not the source family's own."""
     foreign = sorted(set(options) - set(option_defaults(evaluation)))
     if foreign:
         flags = ", ".join("--" + k.replace("_", "-") for k in foreign)
-        raise ConfigError(f"{flags}: not an option of this source's model family ({task})")
+        raise ConfigError(f"{flags}: not an option of this source's model family ({family})")
 
 
 # --- output --------------------------------------------------------------------------------------
@@ -125,7 +125,7 @@ COMMAND = FamilyCommand(
 
 def main(argv=None) -> dict:
     gcs.configure()  # STORAGE_EMULATOR_HOST set: every gs:// client goes to that server
-    from train.distributed import quiet_tpu_probe
+    from train.runtime import quiet_tpu_probe
     from train.source import source_family
 
     quiet_tpu_probe()

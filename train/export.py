@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 
 from train import gcs
-from train.distributed import quiet_tpu_probe
 from train.errors import ConfigError, OneLineParser, exit_with, one_line, output_file
+from train.runtime import quiet_tpu_probe
 from train.source import SourceError, open_source, source_family
 from train.task import Task, no_torch_checkpoint
 

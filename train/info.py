@@ -6,7 +6,7 @@ information (plugins, search path, defaults) is `--info all` (or one of its topi
     family      trm: model TRMConfig, data TRMDataConfig, optim TRMOptimConfig
     mesh        cpu: data 1 x fsdp -1 x tensor 1 (-1: the devices left), params replicate
     data        data_out/sudoku-tiny-30m: built on first use by data.build=sudoku_easy
-    steps       trainer.epochs=320 over the data set at batch 32: counted once the data set is built
+    steps       data.epochs=320 over the data set at batch 32: counted once the data set is built
     writes      runs/trm_sudoku_tiny: config.yaml, metrics.jsonl, final.json, checkpoints/
     logging     metrics.jsonl; wandb disabled
 """
@@ -42,7 +42,7 @@ def describe(overrides: list[str]) -> list[str]:
     """The summary's lines (ConfigError: the config's one line, as the run would say it)."""
     cfg = load_config(overrides)
     choices = compose(overrides, hydra_config=True).hydra.runtime.choices
-    task = family(cfg.task).task
+    task = family(cfg.family).task
     experiment = choices.get("experiment")
     sections = ", ".join(f"{k} {c.__name__}" for k, (c, _) in task.config_sections.items())
     m = cfg.mesh
@@ -55,7 +55,7 @@ def describe(overrides: list[str]) -> list[str]:
         f"experiment  {experiment} (configs/experiment/{experiment}.yaml)"
         if experiment
         else "experiment  none (the config's own values)",
-        f"family      {cfg.task}" + (f": {sections}" if sections else ""),
+        f"family      {cfg.family}" + (f": {sections}" if sections else ""),
         f"mesh        {choices.get('mesh')}: data {m.data} x fsdp {m.fsdp} x tensor {m.tensor} "
         f"(-1: the devices left), params {m.param_sharding}",
         f"data        {_data(cfg.data)}",

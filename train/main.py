@@ -34,7 +34,6 @@ from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from parity.backend import keep_cpu_step_buffers
 from train import gcs, xla_flags
 from train.compilation_cache import log_compilation_cache_stats, setup_compilation_cache
 from train.compose import (
@@ -45,7 +44,7 @@ from train.compose import (
     resolve_family_sections,
     validate,
 )
-from train.distributed import initialize, quiet_tpu_probe
+from train.distributed import initialize
 from train.errors import (
     EXIT_DISK_FULL,
     ConfigError,
@@ -59,6 +58,7 @@ from train.memory import out_of_memory_line
 from train.mesh import make_mesh
 from train.nonfinite import NonfiniteError
 from train.preemption import EXIT_PREEMPTED, Preempted
+from train.runtime import keep_cpu_step_buffers, quiet_tpu_probe
 from train.trainer import run_dir_of, train
 
 _MULTIRUN = ("-m", "--multirun")

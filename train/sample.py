@@ -17,8 +17,8 @@ from parity.files import UnsafeCheckpointError
 from parity.state_dict import StateDictError
 from train import families, gcs
 from train.cli import FamilyCommand
-from train.distributed import quiet_tpu_probe
 from train.errors import ConfigError, exit_with
+from train.runtime import quiet_tpu_probe
 from train.source import open_source, source_family
 
 SEPARATOR = "---------------"  # nanoGPT prints this line after each sample

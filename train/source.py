@@ -96,19 +96,21 @@ def open_source(
 # --- which kind ------------------------------------------------------------------------------
 def source_family(path: str):
     """-> (name, Family) of the SOURCE at `path`, without building anything: a run directory's
-    config.yaml names it (`task:`, a registered name or a module path); a file is a checkpoint of
+    config.yaml names it (`family:`, or `task:` in a run of an older version: a registered name or
+    a module path); a file is a checkpoint of
     the registered family whose WeightsFile recognises it. SourceError when neither."""
     weights, _ = _kind(path)
     if weights is None:
         config = epath.Path(path) / "config.yaml"
         try:
-            task = OmegaConf.create(config.read_text()).get("task")
+            saved = OmegaConf.create(config.read_text())
+            name = saved.get("family", saved.get("task"))  # task: an older version's key
         except Exception as e:  # a damaged config.yaml
             raise SourceError(f"{config}: does not parse ({one_line(e)})") from e
-        if not isinstance(task, str):
-            raise SourceError(f"{config}: no `task:` (the model family of the run)")
+        if not isinstance(name, str):
+            raise SourceError(f"{config}: no `family:` (the model family of the run)")
         try:
-            return task, families.family(task)
+            return name, families.family(name)
         except ConfigError as e:
             raise SourceError(f"{config}: {e}") from e
     return next((n, f) for n, f in families.registered().items() if weights in f.weights_files)

@@ -5,7 +5,7 @@ models/<family>/ and its wiring to the trainer in a package whose `FAMILY` is a 
 found by name in train/families/__init__.py. The trainer (train/trainer.py, train/jit.py,
 train/aot.py) calls the hooks of its `Task` and nothing else:
 
-    cls = family(cfg.task).task                # train/families/__init__.py, by name
+    cls = family(cfg.family).task              # train/families/__init__.py, by name
     cls.validate_config(cfg)                   # at compose time (train/compose.py)
     cls.check_backend(cfg, platform)           # e.g. no float64 on a TPU
     cls.needs_x64(cfg)                         # before anything is traced (process-wide switch)
@@ -17,7 +17,10 @@ train/aot.py) calls the hooks of its `Task` and nothing else:
     task.evaluate(state, step)                 # the trainer's evaluation: {"eval/...": ...}
 
 Both steps are pure functions of (state, batch) with the task's static attributes (graphdef,
-config) closed over, and both take the FULL state the trainer holds.
+config) closed over, and both take the FULL state the trainer holds. Every family has one step,
+`train_step(state, batch) -> (state, metrics)`, defined once, in its model package
+(models/<family>/training.py `train_step(graphdef, state, batch, **static)`); the Task binds its
+graphdef and static arguments (`bind_step`), so `task.train_step` IS that function.
 
 `init(key) -> (graphdef, state)` builds the model and optimizer and splits them (nnx.split); the
 graphdef is static (a pytree without leaves), so `jax.eval_shape(task.init, key)` gives both the
@@ -34,6 +37,7 @@ checkpoints, for train.evaluate / train.sample / train.export), `python -m train
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -73,10 +77,10 @@ class Unsupported(ConfigError):
     naming the family and the hook."""
 
 
-def no_torch_checkpoint(task: str) -> Unsupported:
-    """The line of a family without Task.torch_checkpoint (`task`: its cfg.task name)."""
+def no_torch_checkpoint(family: str) -> Unsupported:
+    """The line of a family without Task.torch_checkpoint (`family`: its cfg.family name)."""
     return Unsupported(
-        f"{task}: the family writes no checkpoint in an original code base's format (Task.torch_checkpoint)"
+        f"{family}: the family writes no checkpoint in an original code base's format (Task.torch_checkpoint)"
     )
 
 
@@ -113,6 +117,10 @@ class Task:
     # that sets the field still wins (train/compose.py). TRM: {"tpu": {"model.loss_dtype":
     # "float32"}}, so no experiment needs a file of its own for a TPU.
     platform_defaults: dict[str, dict[str, Any]] = {}
+    # The family's knobs that an older version kept in the trainer section, by their old dotted
+    # name -> their place in the family's own section (train.config.FORMER_TRAINER_KEYS): an old
+    # key given now is one line naming the new one, and a run directory written with it opens.
+    moved_keys: dict[str, str] = {}
     # Set by _setup from `init`: the static NNX graphdef, the state's ShapeDtypeStructs and the
     # NamedShardings of every state leaf.
     graphdef: Any = None
@@ -152,9 +160,18 @@ class Task:
         """-> (graphdef, state): model + optimizer built from `key` and split (traced under jit)."""
         raise NotImplementedError
 
-    def train_step(self, state, batch) -> tuple[Any, dict]:
-        """One optimiser step, pure: -> (state, metrics: dict of float32 scalars on device)."""
+    def bind_step(self, graphdef) -> Callable:
+        """The family's one step with `graphdef` and the task's static arguments bound
+        (functools.partial of its model package's `train_step`): a pure `(state, batch) ->
+        (state, metrics: dict of float32 scalars on device)`. Metrics named `*loss` and
+        `*grad_norm` feed the non-finite guard (train/nonfinite.py)."""
         raise NotImplementedError
+
+    @property
+    def train_step(self) -> Callable:
+        """One optimiser step, pure: `bind_step` of the task's graphdef as it is now (a test may
+        give the task another graphdef of the same state)."""
+        return self.bind_step(self.graphdef)
 
     def state_shardings_for(self, abstract_state):
         """Shardings of the state. Default: every leaf by the param rule (replicate / fsdp)."""
@@ -210,13 +227,13 @@ class Task:
         """`state` with the model weights of a checkpoint of the original code base
         (`trainer.init_from`, and train.source for a family's WeightsFile). Default: Unsupported."""
         raise Unsupported(
-            f"{self.cfg.task}: the family reads no checkpoint of an original code base (Task.import_weights)"
+            f"{self.cfg.family}: the family reads no checkpoint of an original code base (Task.import_weights)"
         )
 
     def torch_checkpoint(self, state, meta: dict):
         """What `torch.save` writes for `python -m train.export` (the original's format).
         Default: Unsupported."""
-        raise no_torch_checkpoint(self.cfg.task)
+        raise no_torch_checkpoint(self.cfg.family)
 
     # --- shared ---------------------------------------------------------------------------------
     def _setup(self):
@@ -231,6 +248,30 @@ class Task:
         with jax.set_mesh(self.mesh):
             _, state = jax.jit(self.init, out_shardings=(None, self.state_shardings))(key)
         return state
+
+    def output_shardings(self, fn, abstract_state, shapes: BatchShapes):
+        """The shardings of `fn(state, batch)`'s outputs (an evaluation's dict of any shape),
+        derived rather than listed: a leaf whose leading axis follows the batch's rows (a per-row
+        prediction) is sharded like the batch, every other leaf (a sum over the batch, a curve)
+        replicated. `fn` is traced, nothing computed, at the rows of `shapes` and at twice as
+        many: the leaves that double are the per-row ones, whatever their sizes."""
+
+        def traced(times: int):
+            batch = {
+                k: jax.ShapeDtypeStruct(
+                    tuple(n * times if i == axis else n for i, n in enumerate(shape)), dtype
+                )
+                for k, (shape, dtype, axis) in shapes.items()
+            }
+            return jax.eval_shape(fn, abstract_state, batch)
+
+        replicated = mesh_lib.replicated(self.mesh)
+
+        def sharding(once, twice):
+            per_row = once.ndim > 0 and twice.shape[0] == 2 * once.shape[0]
+            return self.batch_sharding(once.ndim) if per_row else replicated
+
+        return jax.tree.map(sharding, traced(1), traced(2))
 
     def batch_sharding(self, ndim: int, batch_axis: int = 0) -> NamedSharding:
         spec = [None] * ndim

@@ -150,7 +150,7 @@ def _already_finished(run_dir, step: int) -> dict:
     """A run directory whose checkpoint is already at the end: final.json is left as it is."""
     log.warning(
         "%s already finished at step %d (final.json kept); raise trainer.total_steps, "
-        "trainer.epochs or trainer.max_steps to continue it, or use another run.name",
+        "trainer.max_steps or the family's schedule to continue it, or use another run.name",
         run_dir,
         step,
     )
@@ -455,7 +455,7 @@ def _best(ckpt_cfg, best, metrics: dict):
 # Settings a checkpoint only makes sense with: the saved state has the batch in it (TRM's ACT carry
 # is [global_batch, ...]) and the data position counts global batches of a seeded plan. Besides
 # these, every model.* key and the family's own (Task.resume_keys, Task.resume_free_keys).
-RESUME_KEYS = ("trainer.global_batch_size", "trainer.gradient_accumulation_steps", "run.seed")
+RESUME_KEYS = ("trainer.global_batch_size", "run.seed")
 
 
 def resume_settings(cfg, task) -> dict:
@@ -482,14 +482,17 @@ def check_resumable(cfg, task, meta: dict, where: str, written=None) -> None:
     stands in. Without this check the failure surfaces deep inside the restore (a tree-structure
     or shape mismatch, the data iterator refusing its state, a carry shape mismatch) and reads
     like damage (docs/training.md, "A changed model read as a damaged checkpoint")."""
-    recorded = meta.get("resume") or {}
+    # a checkpoint of an older version names a family's moved knob by its old key
+    moved = task.moved_keys
+    former = {new: old for old, new in moved.items()}
+    recorded = {moved.get(k, k): v for k, v in (meta.get("resume") or {}).items()}
     now = resume_settings(cfg, task)
     diff = []
     for key, value in now.items():
         if key in recorded:
             saved = recorded[key]
-        elif written is not None and OmegaConf.select(written, key) is not None:
-            saved = OmegaConf.select(written, key)
+        elif written is not None and _select(written, key, former) is not None:
+            saved = _select(written, key, former)
         else:
             continue
         if saved != value:
@@ -500,6 +503,14 @@ def check_resumable(cfg, task, meta: dict, where: str, written=None) -> None:
             "data position depend on these. Rerun with the saved values, or start a new run "
             "(another run.name)"
         )
+
+
+def _select(written, key: str, former: dict):
+    """`key` of a saved config.yaml, or its former key there (an older version's)."""
+    value = OmegaConf.select(written, key, default=None)
+    if value is None and key in former:
+        value = OmegaConf.select(written, former[key], default=None)
+    return value
 
 
 def _jsonable(d):

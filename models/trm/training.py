@@ -1,17 +1,21 @@
 """One TRM training step as a pure function (upstream pretrain.py `train_batch` + `ema.update`).
 
-The trainer builds the state once, then jits `train_step` with the graphdef, config and schedule
-length closed over:
+The trainer's step, and every caller's, is `train_step(graphdef, state, batch) -> (state, metrics)`
+with the graphdef, config and schedule length bound:
 
     model.train()                                    # halting is adaptive only in training
-    graphdef, state = init_train_state(model, cfg)   # cfg: TRMOptimConfig
-    carry = model.initial_carry(first_batch)         # every slot halted: refilled at step 1
+    graphdef, state = init_state(model, cfg, batch)  # cfg: TRMOptimConfig; every carry slot halted
     step = jax.jit(functools.partial(train_step, graphdef, config=cfg, total_steps=n),
-                   donate_argnums=(0, 1))
+                   donate_argnums=0)
     for batch in loader:                             # global batches of B rows
-        state, carry, metrics = step(state, carry, batch)  # metrics: raw jnp sums, no host sync
-        log(normalize_metrics(metrics, mode="train", global_batch_size=B))  # a step late, on host
-    eval_model = ema_model(graphdef, state)          # EMA params + live buffers, eval mode
+        state, metrics = step(state, batch)          # metrics as upstream logs them, no host sync
+    eval_model = ema_model(graphdef, state["train"]) # EMA params + live buffers, eval mode
+
+The state holds the persistent ACT carry beside the weights and optimizer (upstream's
+`TrainState.carry`): {"train": TRMTrainState, "carry": TRMCarry}. `train_step` is `train_batch`
+on it, with the batch sums normalised as upstream's train_batch returns them for logging.
+`train_batch` is the update itself, (state, carry, batch) -> (state, carry, sums), the function
+the parity test runs beside the reference's `train_batch` (parity/trm_torch/optim.py).
 
 One call = one ACT step on the persistent carry, in upstream's order:
   1. step += 1; if step > total_steps nothing is updated (params, table, optimizer, carry, RNG
@@ -42,7 +46,7 @@ from flax import nnx, struct
 
 from models.fields import check_ranges, ranged
 from models.trm.layers import PuzzleTable
-from models.trm.losses import act_loss
+from models.trm.losses import act_loss, normalize_metrics
 from models.trm.optim import (
     TABLE_UPDATES,
     adam_atan2,
@@ -57,7 +61,7 @@ from models.trm.optim import (
 class TRMOptimConfig:
     """The optimisation fields of upstream's cfg_pretrain.yaml (same names and defaults, but
     `ema`: True here, as every run of upstream's README passes ema=True; False in
-    cfg_pretrain.yaml). The schedule's length is `train_step`'s `total_steps`, the loss's scale
+    cfg_pretrain.yaml). The schedule's length is `train_batch`'s `total_steps`, the loss's scale
     the batch's rows, the loss itself the model config's (TRMConfig.loss_type, loss_dtype)."""
 
     lr: float = ranged(1e-4, ">0")
@@ -106,7 +110,7 @@ class TRMTrainState:
 
 
 def adam_atan2_for(config: TRMOptimConfig) -> optax.GradientTransformation:
-    """The parameter optimizer, with the lr injected per step by `train_step`."""
+    """The parameter optimizer, with the lr injected per step by `train_batch`."""
     return optax.inject_hyperparams(adam_atan2)(
         learning_rate=0.0, b1=config.beta1, b2=config.beta2, weight_decay=config.weight_decay
     )
@@ -126,6 +130,13 @@ def init_train_state(model: nnx.Module, config: TRMOptimConfig):
     return graphdef, state
 
 
+def init_state(model: nnx.Module, config: TRMOptimConfig, batch: dict):
+    """(graphdef, the state `train_step` takes): `init_train_state`'s and the model's initial
+    carry for batches shaped like `batch` (every slot halted: refilled from the first batch)."""
+    graphdef, train = init_train_state(model, config)
+    return graphdef, {"train": train, "carry": model.initial_carry(batch)}
+
+
 def ema_model(graphdef, state: TRMTrainState) -> nnx.Module:
     """The model upstream evaluates and checkpoints: EMA params (if config.ema) with the live
     H_init/L_init and puzzle table, in eval mode."""
@@ -142,7 +153,22 @@ def _table_leaf(table_state):
     return leaves[0] if leaves else None
 
 
-def train_step(
+def train_step(graphdef, state: dict, batch: dict, *, config: TRMOptimConfig, total_steps: int):
+    """The step: (state, batch) -> (state, metrics), the carry inside the state ({"train":
+    TRMTrainState, "carry": TRMCarry}, `init_state`). `train_batch`, then its sums normalised as
+    upstream logs them (`normalize_metrics`: losses / the batch's rows, the rest / the count),
+    float32 scalars whatever the loss dtype (float64 with upstream's stablemax)."""
+    train, carry, sums = train_batch(
+        graphdef, state["train"], state["carry"], batch, config=config, total_steps=total_steps
+    )
+    rows = batch["inputs"].shape[0]  # global: the whole batch under SPMD jit
+    metrics = normalize_metrics(sums, mode="train", global_batch_size=rows)
+    return {"train": train, "carry": carry}, {
+        k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()
+    }
+
+
+def train_batch(
     graphdef,
     state: TRMTrainState,
     carry,
@@ -151,20 +177,20 @@ def train_step(
     config: TRMOptimConfig,
     total_steps: int,
 ):
-    """One upstream train_batch + EMA update. Returns (state, carry, metrics).
+    """One upstream train_batch + EMA update. Returns (state, carry, sums).
 
     `total_steps` is the schedule's length (upstream's, from epochs and the data set: the trainer's
     trainer.total_steps, `models.trm.optim.total_steps`); the loss is scaled by 1 / the batch's
     rows, upstream's global_batch_size.
 
-    `metrics` holds act_loss's raw batch sums (count, accuracy, exact_accuracy, q_halt_accuracy,
+    `sums` holds act_loss's raw batch sums (count, accuracy, exact_accuracy, q_halt_accuracy,
     steps, lm_loss, q_halt_loss) plus `lr`, `puzzle_emb_lr`, `grad_norm` (global L2 norm of the
     nnx.Param gradients of the 1/global_batch-scaled loss) and `puzzle_emb_grad_norm` (of the
     gathered puzzle rows' gradients; absent without a puzzle table), all jnp scalars; on a skipped
     step (step > total_steps) the sums and norms are zeros.
     """
     if total_steps <= 0:
-        raise ValueError(f"train_step: total_steps={total_steps}: expected > 0")
+        raise ValueError(f"train_batch: total_steps={total_steps}: expected > 0")
     batch_rows = batch["inputs"].shape[0]  # global: the whole batch under SPMD jit
     step = state.step + 1
     lr = config.schedule(step, config.lr, total_steps)

@@ -6,7 +6,7 @@ hydra.searchpath). It has no original code base: no weights files, no import, no
 It is registered the way a family in a package of its own is: an entry point of the group
 `trm_jax_port.families` in the metadata of an installed distribution (registered/, a
 `.dist-info` folder that tests/conftest.py puts on the path of every test process, so the whole
-test suite runs with a third family registered). `task: tests.toy_family` (its module path) works
+test suite runs with a third family registered). `family: tests.toy_family` (its module path) works
 without it. tests/test_toy_family.py trains it through `python -m train.main`, resumes, evaluates
 and samples it.
 """

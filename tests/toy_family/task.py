@@ -6,6 +6,7 @@ the run's seed, so a resumed run sees the batches an uninterrupted one would.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 
 import jax
@@ -109,8 +110,9 @@ class ToyTask(Task):
         """(model, optimizer) of `state`: the modules, for the sampler."""
         return nnx.merge(self.graphdef, state)
 
-    def train_step(self, state, batch):
-        return train_step(self.graphdef, state, batch)
+    def bind_step(self, graphdef):
+        """model.py's train_step: (state, batch) -> (state, {"loss", "grad_norm"})."""
+        return functools.partial(train_step, graphdef)
 
     def eval_step(self, state, batch):
         return eval_step(self.graphdef, state, batch)

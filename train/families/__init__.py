@@ -1,6 +1,6 @@
-"""The registry: a config's `task:` -> its model family, the one place the commands look one up.
+"""The registry: a config's `family:` -> its model family, the one place the commands look one up.
 
-    fam = family(cfg.task)                   # a train.task.Family: the Task and the commands' pieces
+    fam = family(cfg.family)                 # a train.task.Family: the Task and the commands' pieces
     task = make_task(cfg, mesh)              # backend check, jax x64 when needed, fam.task(cfg, mesh)
 
 Three ways name a family, looked up in this order:
@@ -13,9 +13,9 @@ Three ways name a family, looked up in this order:
       [project.entry-points."trm_jax_port.families"]
       vit = "mylab.vit"              # the package whose FAMILY is a Family (or "mylab.vit:FAMILY")
 
-- a package's module path (`task: mylab.vit`), registered nowhere.
+- a package's module path (`family: mylab.vit`), registered nowhere.
 
-The first two give the short name `task: vit` and list the family where a command offers every
+The first two give the short name `family: vit` and list the family where a command offers every
 family (train.evaluate's and train.sample's --help, the weights files train.source recognises);
 a family named by its module path trains, resumes, evaluates, samples and exports the same.
 docs/architecture.md, "Adding a model family".
@@ -61,12 +61,12 @@ def names() -> dict[str, str]:
 
 
 def family(name: str) -> Family:
-    """The Family of `cfg.task`: a registered name (FAMILIES, an entry point) or a package's
+    """The Family of `cfg.family`: a registered name (FAMILIES, an entry point) or a package's
     module path ("package" or "package:ATTRIBUTE")."""
     module_name = names().get(name) or (name if "." in name else None)
     if module_name is None:
         raise ConfigError(
-            f"task must be one of {sorted(names())} or the module path of a family package "
+            f"family must be one of {sorted(names())} or the module path of a family package "
             f"(one with FAMILY = train.task.Family(...)), got {name!r}"
         )
     module_name, _, attribute = module_name.partition(":")
@@ -75,11 +75,11 @@ def family(name: str) -> Family:
     except ModuleNotFoundError as e:
         if e.name is None or not (module_name + ".").startswith(e.name + "."):
             raise  # the package exists; something it imports is missing
-        raise ConfigError(f"task={name!r}: no module {module_name} (a family package)") from e
+        raise ConfigError(f"family={name!r}: no module {module_name} (a family package)") from e
     found = getattr(module, attribute or "FAMILY", None)
     if not isinstance(found, Family):
         raise ConfigError(
-            f"task={name!r}: {module_name} has no {attribute or 'FAMILY'} = "
+            f"family={name!r}: {module_name} has no {attribute or 'FAMILY'} = "
             "train.task.Family(task=...)"
         )
     return found
@@ -91,12 +91,12 @@ def registered() -> dict[str, Family]:
 
 
 def make_task(cfg, mesh, *, need_data: bool = True) -> Task:
-    """The task of `cfg.task` on `mesh`, after the run's one float64 decision: ConfigError when
+    """The task of `cfg.family` on `mesh`, after the run's one float64 decision: ConfigError when
     the family cannot run `cfg` on `mesh`'s platform (Task.check_backend: e.g. no float64 on a
     TPU), then jax x64 switched on, process-wide, when the family computes in float64
     (Task.needs_x64), before anything is traced. Data metadata is read from disk unless
     need_data=False. Every command builds its task here."""
-    cls = family(cfg.task).task
+    cls = family(cfg.family).task
     cls.check_backend(cfg, mesh.devices.flat[0].platform)
     if cls.needs_x64(cfg):
         jax.config.update("jax_enable_x64", True)

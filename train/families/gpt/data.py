@@ -36,6 +36,12 @@ class GPTDataConfig:
     build: str | None = None  # shakespeare_char: built into `path` when it has no train.bin
     input: str = ""  # the builder's input.txt (empty: downloaded); read only when building
     sample_tokens: int = ranged(0, ">=0")  # characters generated at each eval (0: none)
+    # Micro-batches per optimiser step (global, as nanoGPT): the batch the data yields is
+    # [gradient_accumulation_steps, batch, block]. nanoGPT's train.py lists it under `# data`.
+    gradient_accumulation_steps: int = ranged(1, ">0")
+    # batches per split of each evaluation (nanoGPT's estimate_loss); > 0 with
+    # trainer.eval_interval > 0
+    eval_iters: int = ranged(0, ">=0")
 
 
 def prepare_data(d: dict) -> dict:

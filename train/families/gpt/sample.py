@@ -177,7 +177,7 @@ def load_source(source: str, *, step=None, meta=None, dtype=None):
 def load_model(src, *, meta=None, dtype=None):
     """-> (model in eval mode, codec) of an opened GPT train.source.Source."""
     if not isinstance(src.task, GPTTask):
-        raise SampleError(f"{src.path}: a {src.cfg.task!r} run; this samples GPT runs only")
+        raise SampleError(f"{src.path}: a {src.cfg.family!r} run; this samples GPT runs only")
     codec = resolve_codec(meta, _meta_dirs(src))
     vocab = src.task.model_cfg.vocab_size
     if isinstance(codec, CharCodec) and len(codec.stoi) != vocab:

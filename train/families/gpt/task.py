@@ -4,11 +4,11 @@
     data             data.py: data.text_source token windows (shakespeare_char built on first use)
     train step       models/gpt/training.py: AdamW groups, get_lr, clipping, accumulation
     eval step        models/gpt/evaluation.py: the loss with dropout off; estimate_loss over
-                     eval_iters batches + a sample
+                     data.eval_iters batches + a sample
     weights          nanoGPT ckpt.pt / HF GPT-2 in, nanoGPT ckpt.pt out (parity/gpt_params.py)
 
 Semantics of nanoGPT's train.py: AdamW with decay on ndim >= 2, warmup + cosine `get_lr` read from
-the optimizer's update count, global-norm clipping with torch's 1e-6, `gradient_accumulation_steps`
+the optimizer's update count, global-norm clipping with torch's 1e-6, data.gradient_accumulation_steps
 sequential micro-batches (leading axis of the batch), periodic `estimate_loss` on train and val
 with dropout off, best-val checkpoint (checkpoint.best_metric = eval/val_loss), samples at each eval.
 The loop runs iterations 0..max_iters inclusive (max_iters + 1 updates) as nanoGPT.
@@ -17,6 +17,7 @@ The loop runs iterations 0..max_iters inclusive (max_iters + 1 updates) as nanoG
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 import jax
@@ -45,7 +46,13 @@ class GPTTask(Task):
     items_name = "tokens"
     console_metrics = ("train/loss", "eval/val_loss", "eval/sample")
     # optim.adamw_flat lays Adam's moments out as one vector: a checkpoint holds one layout
-    resume_keys = ("optim.adamw_flat",)
+    # the batch's layout too: [accumulation, batch, block]
+    resume_keys = ("optim.adamw_flat", "data.gradient_accumulation_steps")
+    # nanoGPT's data knobs, in the data section they shape
+    moved_keys = {
+        "trainer.eval_iters": "data.eval_iters",
+        "trainer.gradient_accumulation_steps": "data.gradient_accumulation_steps",
+    }
     resume_free_keys = ("model.dropout", "model.attention_impl", "model.cross_entropy_impl")
     config_sections = {
         "model": (GPTConfig, ()),
@@ -64,8 +71,8 @@ class GPTTask(Task):
         o = {**dataclasses.asdict(GPTOptimConfig()), **cfg.optim}
         if o["decay_lr"] and o["lr_decay_iters"] < o["warmup_iters"]:
             raise ConfigError("optim.lr_decay_iters must be >= optim.warmup_iters")
-        if cfg.trainer.eval_interval and cfg.trainer.eval_iters == 0:
-            raise ConfigError("trainer.eval_iters must be > 0 when trainer.eval_interval > 0")
+        if cfg.trainer.eval_interval and cfg.data.get("eval_iters", 0) == 0:
+            raise ConfigError("data.eval_iters must be > 0 when trainer.eval_interval > 0")
 
     @classmethod
     def planned_steps(cls, cfg) -> str:
@@ -82,9 +89,10 @@ class GPTTask(Task):
             record_in_config(cfg, {"model.vocab_size": int(self.meta["vocab_size"])})
         self.model_cfg = build_dataclass(GPTConfig, cfg.model, "model")
         self.optim = build_dataclass(GPTOptimConfig, cfg.optim, "optim")
+        self.data_cfg = build_dataclass(GPTDataConfig, cfg.data, "data")
         self.lr_fn = self.optim.schedule()  # nanoGPT's get_lr (also logged by the step)
         t = cfg.trainer
-        self.accum = int(t.gradient_accumulation_steps)
+        self.accum = self.data_cfg.gradient_accumulation_steps
         self.batch = int(t.global_batch_size)
         self.block = self.model_cfg.block_size
         self.total_steps = int(t.total_steps) or self.optim.max_iters + 1
@@ -130,9 +138,10 @@ class GPTTask(Task):
         model.train()
         return init_train_state(model, self.optim)
 
-    def train_step(self, state, batch):
-        return train_step(
-            self.graphdef, state, batch, grad_clip=self.optim.grad_clip, lr=self.lr_fn
+    def bind_step(self, graphdef):
+        """models/gpt/training.py's train_step with nanoGPT's clipping and get_lr (logged)."""
+        return functools.partial(
+            train_step, graphdef, grad_clip=self.optim.grad_clip, lr=self.lr_fn
         )
 
     # --- eval -------------------------------------------------------------------------------
@@ -143,7 +152,7 @@ class GPTTask(Task):
         return {"loss": float(sums["loss"]) / float(sums["count"])}
 
     def evaluate(self, state, step: int) -> dict:
-        """nanoGPT's estimate_loss (eval_iters batches per split, dropout off) + a sample."""
+        """nanoGPT's estimate_loss (data.eval_iters batches per split, dropout off) + a sample."""
         out = self.run_eval(state)
         n = int(self.cfg.data.get("sample_tokens", 0) or 0)
         if n > 0 and "itos" in self.meta:
@@ -164,7 +173,7 @@ class GPTTask(Task):
                 os.path.join(data_dir or self.data_dir, f"{split}.bin"),
                 block_size=self.block,
                 global_batch_size=self.batch,
-                num_batches=int(self.cfg.trainer.eval_iters),
+                num_batches=self.data_cfg.eval_iters,
                 seed=self.cfg.run.seed,
             )
             sums = [self._eval_fn(state, self.to_global(b, shapes)) for b in ds]

@@ -31,6 +31,9 @@ class TRMDataConfig:
     path: str = ""  # upstream's layout: train/ and test/ with dataset.json and .npy arrays
     build: str | None = None  # a data module (data.sudoku_easy, ...) run when `path` is empty
     build_args: list = dataclasses.field(default_factory=list)  # its command-line arguments
+    # upstream's epochs: passes over the train split, the schedule's length (trainer.total_steps
+    # 0) and the data the loader yields; beside eval_interval_epochs, which divides it
+    epochs: int = ranged(0, ">=0")
     eval_interval_epochs: int = ranged(
         0, ">=0"
     )  # upstream eval_interval: epochs per iteration (0: epochs)
@@ -180,8 +183,8 @@ def check_batch_fits(d: TRMDataConfig, batch: int, epochs: int, eval_epochs: int
     if total_steps <= 0:
         raise ConfigError(
             f"trainer.global_batch_size={batch} is larger than the data set: "
-            f"trainer.epochs={epochs} x {where} gives 0 steps; lower the batch or "
-            "raise trainer.epochs"
+            f"data.epochs={epochs} x {where} gives 0 steps; lower the batch or "
+            "raise data.epochs"
         )
     if epochs and eval_epochs * per_epoch < batch:
         raise ConfigError(

@@ -3,7 +3,8 @@
 The numbers are upstream's (a fresh carry per batch, all halt_max_steps ACT steps, no early
 halting, metrics of the last step, summed over the test split and divided by the count), computed
 by the trainer's own evaluation loop (TRMTask.run_eval), so a run's last logged eval and this report
-agree exactly on the same checkpoint, data and batch size. On top: accuracy after every ACT step
+agree exactly on the same checkpoint, data and batch size. Its options are TRMEvalOptions, one
+field each. On top: accuracy after every ACT step
 (`per_step`), --extra-steps K more steps past halt_max_steps, --halt (the Q head halts rows, as in
 training), --show N boards with the prediction after each step, --plot the accuracy per step,
 --trajectories K --noise SIGMA [--select q_halt|vote] [--seed S]: test-time scaling, K noisy
@@ -16,6 +17,7 @@ with upstream's voting over augmentations).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 
@@ -29,7 +31,7 @@ from data.sudoku import check_sudoku_pairs, sudoku_split
 from data.sudoku_sources import read_sudoku_csv
 from models.trm.evaluation import LatentNoise, eval_step, noised_latents
 from models.trm.modeling import INNERS
-from models.trm.scaling import SELECT, Scaling
+from models.trm.scaling import SELECT, Scaling, prefix_ks, trajectories_step
 from train.errors import ConfigError, output_file
 from train.families.trm.show import (
     check_plot_possible,
@@ -46,48 +48,136 @@ from train.task import Evaluation
 PASS_KS_SHOWN = (1, 2, 5, 10)
 
 
+def _option(default, help: str, **argparse_keywords):
+    """A field of TRMEvalOptions: its default, and its command option's help and argparse
+    keywords (a field whose default is False is a flag)."""
+    return dataclasses.field(default=default, metadata={"help": help, **argparse_keywords})
+
+
+@dataclasses.dataclass(frozen=True)
+class TRMEvalOptions:
+    """Every option of TRM's evaluation, in one place. A field is the command's option
+    `--<field-name>` (`add_arguments` is derived from the fields), a keyword of the report
+    (`TRMEvaluation.report`) and what `evaluate_trm` and the trainer's evaluation loop
+    (TRMTask.run_eval) take whole; `check` refuses what cannot run, before any compute; `step`
+    maps the options that change the jitted evaluation onto the model's functions (its outputs'
+    shardings are derived: train.task.Task.output_shardings). A new filter or metric is its
+    function (models/trm/evaluation.py) and one field here. Hashable: `step_key` is a jit cache
+    key."""
+
+    extra_steps: int = _option(0, "K more ACT steps past halt_max_steps", type=int, metavar="K")
+    halt: bool = _option(False, "Q-head halting on (as in training)")
+    show: int = _option(0, "print N puzzles with the prediction after every ACT step", type=int,
+                        metavar="N")  # fmt: skip
+    plot: str | None = _option(None, "accuracy vs ACT step", metavar="OUT.png")
+    trajectories: int | None = _option(None, "test-time scaling: K noisy trajectories per puzzle",
+                                       type=int, metavar="K")  # fmt: skip
+    noise: float | None = _option(None, "their Gaussian noise on the latents before every ACT "
+                                  "step", type=float, metavar="SIGMA")  # fmt: skip
+    select: str | None = _option(None, "the answer: highest q_halt (default) or majority vote",
+                                 choices=SELECT)  # fmt: skip
+    seed: int | None = _option(None, "the noise's seed (default 0)", type=int)
+    noise_latents: str | None = _option(None, "comma-separated latents to noise (default: the "
+                                        "arch's z_L)", metavar="NAMES")  # fmt: skip
+
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        """One command option per field, its dest the field's name."""
+        for f in dataclasses.fields(cls):
+            keywords = dict(f.metadata)
+            if f.default is False:
+                keywords["action"] = "store_true"
+            else:
+                keywords["default"] = f.default
+            parser.add_argument("--" + f.name.replace("_", "-"), **keywords)
+
+    @property
+    def scaling(self) -> Scaling | None:
+        """The test-time scaling the options ask for, checked (None: the plain evaluation)."""
+        given = {"--noise": self.noise, "--select": self.select, "--seed": self.seed,
+                 "--noise-latents": self.noise_latents}  # fmt: skip
+        if self.trajectories is None and self.noise is None:
+            extra = [k for k, v in given.items() if v is not None]
+            if extra:
+                raise ConfigError(f"{extra[0]}: only with --trajectories K (test-time scaling)")
+            return None
+        K, noise = (1 if self.trajectories is None else self.trajectories), self.noise
+        if K < 1:
+            raise ConfigError(f"--trajectories {K}: expected >= 1")
+        if noise is not None and not noise >= 0:
+            raise ConfigError(f"--noise {noise}: expected a standard deviation >= 0")
+        if K > 1 and not noise:
+            raise ConfigError(
+                f"--trajectories {K} without noise runs {K} identical copies of one trajectory: "
+                'add --noise SIGMA > 0 (docs/evaluation.md, "Test-time scaling")'
+            )
+        if self.show:
+            raise ConfigError(
+                "--show draws the plain recursion; it does not combine with --trajectories / "
+                "--noise"
+            )
+        latents = tuple(self.noise_latents.split(",")) if self.noise_latents else None
+        noise = LatentNoise(float(noise or 0.0), int(self.seed or 0), latents)
+        return Scaling(K, noise, self.select or "q_halt")
+
+    def check(self, arch: str) -> None:
+        """ConfigError naming the option when a model of `arch` cannot be evaluated so."""
+        if self.extra_steps < 0:
+            raise ConfigError(f"--extra-steps {self.extra_steps}: expected >= 0")
+        scaling = self.scaling
+        if scaling is not None and scaling.noise.latents:
+            names = INNERS[arch].latent_names
+            unknown = [n for n in scaling.noise.latents if n not in names]
+            if unknown:
+                raise ConfigError(
+                    f"--noise-latents {','.join(scaling.noise.latents)}: {unknown[0]!r} is not a "
+                    f"latent of arch {arch} (its latents: {', '.join(names)})"
+                )
+
+    def step_key(self) -> tuple:
+        """What `step` depends on."""
+        return (self.extra_steps, self.halt, self.scaling)
+
+    def step(self, graphdef):
+        """The evaluation of one batch, (train state, batch) -> outputs: models/trm/evaluation.py's
+        eval_step, or with test-time scaling models/trm/scaling.py's trajectories_step (the
+        batch then holds "example": each row's index in the test split)."""
+        scaling = self.scaling
+        if scaling is None:
+            return functools.partial(
+                eval_step, graphdef, extra_steps=self.extra_steps, halt=self.halt
+            )
+        return functools.partial(
+            trajectories_step, graphdef,
+            trajectories=scaling.trajectories, noise=scaling.noise, select=scaling.select,
+            extra_steps=self.extra_steps, halt=self.halt, ks=prefix_ks(scaling.trajectories),
+        )  # fmt: skip
+
+
 class TRMEvaluation(Evaluation):
     """upstream's evaluate on the test split of --data (a puzzle data set, a Sudoku CSV, or an ARC
     set: pass@K with upstream's voting): exact and token accuracy, Q-halt accuracy, mean steps,
-    the accuracy after every ACT step; --extra-steps, --halt, --show and --plot on top."""
+    the accuracy after every ACT step; TRMEvalOptions on top."""
 
     needs_data = True
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("--extra-steps", type=int, default=0, metavar="K",
-                            help="K more ACT steps past halt_max_steps")  # fmt: skip
-        parser.add_argument(
-            "--halt", action="store_true", help="Q-head halting on (as in training)"
-        )
-        parser.add_argument("--show", type=int, default=0, metavar="N",
-                            help="print N puzzles with the prediction after every ACT step")  # fmt: skip
-        parser.add_argument("--plot", default=None, metavar="OUT.png", help="accuracy vs ACT step")
-        parser.add_argument("--trajectories", type=int, default=None, metavar="K",
-                            help="test-time scaling: K noisy trajectories per puzzle")  # fmt: skip
-        parser.add_argument("--noise", type=float, default=None, metavar="SIGMA",
-                            help="their Gaussian noise on the latents before every ACT step")  # fmt: skip
-        parser.add_argument("--select", default=None, choices=SELECT,
-                            help="the answer: highest q_halt (default) or majority vote")  # fmt: skip
-        parser.add_argument("--seed", type=int, default=None, help="the noise's seed (default 0)")
-        parser.add_argument("--noise-latents", default=None, metavar="NAMES",
-                            help="comma-separated latents to noise (default: the arch's z_L)")  # fmt: skip
+        TRMEvalOptions.add_arguments(parser)
 
     def convert_data(self, path: str, tmp_dir: str) -> str | None:
         if os.path.isfile(path) and path.endswith(".csv"):
             return sudoku_csv_dataset(path, os.path.join(tmp_dir, "sudoku_csv"))
         return None
 
-    def report(self, src, data, *, batch=None, save_dir=None, progress=False, extra_steps=0,
-               halt=False, show=0, plot=None, trajectories=None, noise=None, select=None,
-               seed=None, noise_latents=None) -> dict:  # fmt: skip
-        scaling = _scaling(trajectories, noise, select, seed, noise_latents, show)
-        if plot:
+    def report(self, src, data, *, batch=None, save_dir=None, progress=False, **options) -> dict:
+        options = TRMEvalOptions(**options)
+        options.scaling  # noqa: B018 (the scaling options' one line, before --plot's)
+        if options.plot:
             check_plot_possible()
-            output_file(plot, "--plot")
+            output_file(options.plot, "--plot")
         return evaluate_trm(
-            src.task, src.state, data, trained_on=src.trained_on, extra_steps=extra_steps,
-            halt=halt, show=show, batch=batch, save_dir=save_dir, progress=progress,
-            scaling=scaling,
+            src.task, src.state, data, options, trained_on=src.trained_on, batch=batch,
+            save_dir=save_dir, progress=progress,
         )  # fmt: skip
 
     def table(self, r: dict) -> list[str]:
@@ -148,32 +238,6 @@ def sudoku_csv_dataset(csv_path: str, out_dir: str) -> str:
     return out_dir
 
 
-def _scaling(trajectories, noise, select, seed, noise_latents, show) -> Scaling | None:
-    """The test-time scaling options, checked (None: the plain evaluation)."""
-    given = {"--noise": noise, "--select": select, "--seed": seed, "--noise-latents": noise_latents}
-    if trajectories is None and noise is None:
-        extra = [k for k, v in given.items() if v is not None]
-        if extra:
-            raise ConfigError(f"{extra[0]}: only with --trajectories K (test-time scaling)")
-        return None
-    K = 1 if trajectories is None else trajectories
-    if K < 1:
-        raise ConfigError(f"--trajectories {K}: expected >= 1")
-    if noise is not None and not noise >= 0:
-        raise ConfigError(f"--noise {noise}: expected a standard deviation >= 0")
-    if K > 1 and not noise:
-        raise ConfigError(
-            f"--trajectories {K} without noise runs {K} identical copies of one trajectory: add "
-            '--noise SIGMA > 0 (docs/evaluation.md, "Test-time scaling")'
-        )
-    if show:
-        raise ConfigError(
-            "--show draws the plain recursion; it does not combine with --trajectories / --noise"
-        )
-    latents = tuple(noise_latents.split(",")) if noise_latents else None
-    return Scaling(K, LatentNoise(float(noise or 0.0), int(seed or 0), latents), select or "q_halt")
-
-
 def _trajectories_table(t: dict) -> list[str]:
     lines = [
         f"test-time scaling: {t['trajectories']} trajectories, noise {t['noise']} on "
@@ -217,20 +281,11 @@ def _scaling_report(task, res: dict, scaling: Scaling) -> dict:
     return out
 
 
-def evaluate_trm(task, state, data: str, *, trained_on=None, extra_steps=0, halt=False, show=0,
-                 batch=None, save_dir=None, progress=False, scaling=None) -> dict:  # fmt: skip
-    """The evaluation report of a TRM state on `data`'s test split (see the module docstring);
-    `scaling` (the checked test-time scaling options) adds K noisy trajectories per puzzle."""
-    if extra_steps < 0:
-        raise ConfigError(f"--extra-steps {extra_steps}: expected >= 0")
-    if scaling is not None and scaling.noise.latents:
-        names = INNERS[task.model_cfg.arch].latent_names
-        unknown = [n for n in scaling.noise.latents if n not in names]
-        if unknown:
-            raise ConfigError(
-                f"--noise-latents {','.join(scaling.noise.latents)}: {unknown[0]!r} is not a "
-                f"latent of arch {task.model_cfg.arch} (its latents: {', '.join(names)})"
-            )
+def evaluate_trm(task, state, data: str, options: TRMEvalOptions = TRMEvalOptions(), *,
+                 trained_on=None, batch=None, save_dir=None, progress=False) -> dict:  # fmt: skip
+    """The evaluation report of a TRM state on `data`'s test split (see the module docstring),
+    as `options` ask (test-time scaling: K noisy trajectories per puzzle)."""
+    options.check(task.model_cfg.arch)
     task.check_eval_data(data, trained_on)
     if batch is not None:
         if batch <= 0:
@@ -239,8 +294,8 @@ def evaluate_trm(task, state, data: str, *, trained_on=None, extra_steps=0, halt
     is_arc = os.path.isfile(os.path.join(data, "test_puzzles.json"))
     evaluator = ARCEvaluator(data) if is_arc else None  # one checkpoint alone: fresh votes
     res = task.run_eval(
-        state, data_dir=data, batch_size=batch, extra_steps=extra_steps, halt=halt,
-        scaling=scaling, evaluator=evaluator, progress=progress,
+        state, data_dir=data, batch_size=batch, options=options, evaluator=evaluator,
+        progress=progress,
     )  # fmt: skip
     m = res["metrics"]
     n = task.model_cfg.halt_max_steps
@@ -253,9 +308,9 @@ def evaluate_trm(task, state, data: str, *, trained_on=None, extra_steps=0, halt
         "q_halt_loss": m["q_halt_loss"],
         "mean_steps": m["steps"],
         "halt_max_steps": n,
-        "steps_run": n + extra_steps,
-        "extra_steps": extra_steps,
-        "halt": halt,
+        "steps_run": n + options.extra_steps,
+        "extra_steps": options.extra_steps,
+        "halt": options.halt,
         "per_step": {
             "exact_accuracy": res["per_step"]["exact_accuracy"],
             "token_accuracy": res["per_step"]["accuracy"],
@@ -263,15 +318,15 @@ def evaluate_trm(task, state, data: str, *, trained_on=None, extra_steps=0, halt
         # the trainer's own metric names (metrics.jsonl), for a side-by-side check
         "metrics": {f"eval/all/{k}": v for k, v in m.items()},
     }
-    if scaling is not None:
-        out.update(_scaling_report(task, res, scaling))
+    if options.scaling is not None:
+        out.update(_scaling_report(task, res, options.scaling))
     if evaluator is not None:
         arc = evaluator.result(save_dir) or {}
         for k, v in arc.items():  # "ARC/pass@K" (upstream's name) and plain "pass@K"
             out[k] = float(v)
             out[k.split("/")[-1]] = float(v)
-    if show:
-        out["show"] = show_boards(task, state, data, show, extra_steps, batch)
+    if options.show:
+        out["show"] = show_boards(task, state, data, options.show, options.extra_steps, batch)
     return out
 
 

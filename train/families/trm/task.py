@@ -9,7 +9,7 @@
 
 Upstream pretrain.py's semantics: one optimizer step per ACT step on a carry that persists across
 batches (part of the trainer state, sharded like the batch, donated and checkpointed), halted slots
-refilled from the new batch. total_steps = int(epochs * total_groups * mean_puzzle_examples /
+refilled from the new batch. total_steps = int(data.epochs * total_groups * mean_puzzle_examples /
 global_batch) (`models.trm.optim.total_steps`); the data runs epochs / eval_interval_epochs
 ITERATIONS of eval_interval_epochs epochs each, each dropping its last partial batch, and
 evaluation runs at the end of every iteration. Evaluation sums every test batch's metrics and
@@ -35,8 +35,13 @@ from models.trm.evaluation import eval_step
 from models.trm.flops import trm_flops_per_step
 from models.trm.losses import normalize_metrics
 from models.trm.optim import total_steps as schedule_steps
-from models.trm.scaling import Scaling, prefix_ks, trajectories_step
-from models.trm.training import TRMOptimConfig, ema_model, init_train_state, train_step
+from models.trm.training import (
+    TRMOptimConfig,
+    ema_model,
+    init_state,
+    init_train_state,
+    train_step,
+)
 from parity.files import load_file
 from parity.trm_params import from_torch, to_torch
 from train import mesh as mesh_lib
@@ -53,6 +58,7 @@ from train.families.trm.data import (
     prepare_data,
     test_metadata,
 )
+from train.families.trm.evaluate import TRMEvalOptions
 from train.task import Task, record_in_config
 
 log = logging.getLogger(__name__)
@@ -63,6 +69,8 @@ class TRMTask(Task):
     console_metrics = ("train/lm_loss", "train/exact_accuracy", "eval/all/exact_accuracy")
     # optim.ema adds the EMA to the state; the data keys fix what a data position means
     resume_keys = ("optim.ema", *(f"data.{k}" for k in ("eval_interval_epochs", *SIZES)))
+    # upstream's epochs live with the data they count, beside data.eval_interval_epochs
+    moved_keys = {"trainer.epochs": "data.epochs"}
     resume_free_keys = tuple(
         f"model.{k}"
         for k in ("attention_impl", "remat", "remat_policy", "scan", "embed_grad", "split_gate_up")
@@ -92,16 +100,16 @@ class TRMTask(Task):
                 "(upstream's arch.loss): move them under model"
             )
         check_fields(TRMOptimConfig, cfg.optim, "optim")
-        if cfg.trainer.total_steps == 0 and cfg.trainer.epochs == 0:
-            raise ConfigError("trainer: TRM needs trainer.epochs (or trainer.total_steps) > 0")
+        if cfg.trainer.total_steps == 0 and cfg.data.get("epochs", 0) == 0:
+            raise ConfigError("data: TRM needs data.epochs (or trainer.total_steps) > 0")
 
     @classmethod
     def planned_steps(cls, cfg) -> str:
         t = cfg.trainer
         if t.total_steps:
             return super().planned_steps(cfg)
-        path = cfg.data.get("path", "")
-        epochs = f"trainer.epochs={t.epochs} over the data set at batch {t.global_batch_size}"
+        path, n_epochs = cfg.data.get("path", ""), cfg.data.get("epochs", 0)
+        epochs = f"data.epochs={n_epochs} over the data set at batch {t.global_batch_size}"
         if os.path.isfile(os.path.join(path, "train", "dataset.json")):
             s, where = data_sizes(path), "as upstream"
         else:  # a data set built elsewhere: the sizes its config states, if it states them
@@ -109,7 +117,7 @@ class TRMTask(Task):
             if cfg.data.get("build") or None in s.values():
                 return f"{epochs}: counted once the data set is built"
             where = "by the data config's sizes until the data set is built"
-        n = schedule_steps(t.epochs, s["total_groups"], s["mean_puzzle_examples"],
+        n = schedule_steps(n_epochs, s["total_groups"], s["mean_puzzle_examples"],
                            t.global_batch_size)  # fmt: skip
         return f"{n} ({epochs}: {s['total_groups']} puzzle groups, {where})"
 
@@ -150,11 +158,11 @@ class TRMTask(Task):
                  num_puzzle_identifiers=d.num_puzzle_identifiers),
             "model",
         )  # fmt: skip
-        self.epochs = int(cfg.trainer.epochs)
+        self.epochs = d.epochs
         self.eval_epochs = d.eval_interval_epochs or self.epochs
         if self.epochs and self.epochs % self.eval_epochs:
             raise ConfigError(
-                f"data.eval_interval_epochs={self.eval_epochs} must divide trainer.epochs={self.epochs} (as upstream)"
+                f"data.eval_interval_epochs={self.eval_epochs} must divide data.epochs={self.epochs} (as upstream)"
             )
         self.total_steps = int(cfg.trainer.total_steps) or schedule_steps(
             self.epochs, d.total_groups, d.mean_puzzle_examples, self.batch
@@ -216,9 +224,8 @@ class TRMTask(Task):
         # from the model's own `exploration` stream, part of the state and checkpointed with it
         model = TRM(self.model_cfg, rngs=nnx.Rngs(params=k_params, exploration=k_explore))
         model.train()
-        graphdef, train_state = init_train_state(model, self.optim)
         zeros = {k: jnp.zeros(s, dt) for k, (s, dt, _) in self.batch_shapes().items()}
-        return graphdef, {"train": train_state, "carry": model.initial_carry(zeros)}
+        return init_state(model, self.optim, zeros)
 
     def state_shardings_for(self, abstract_state):
         """Params / optimizer / EMA / table by the param rule; the carry like the batch."""
@@ -230,15 +237,11 @@ class TRMTask(Task):
             ),
         }
 
-    def train_step(self, state, batch):
-        train_state, carry, sums = train_step(
-            self.graphdef, state["train"], state["carry"], batch, config=self.optim,
-            total_steps=self.total_steps,
-        )  # fmt: skip
-        metrics = normalize_metrics(sums, mode="train", global_batch_size=self.batch)
-        # float32 scalars whatever the loss dtype (float64 with upstream's stablemax)
-        metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
-        return {"train": train_state, "carry": carry}, metrics
+    def bind_step(self, graphdef):
+        """models/trm/training.py's train_step over the schedule of `total_steps`."""
+        return functools.partial(
+            train_step, graphdef, config=self.optim, total_steps=self.total_steps
+        )
 
     # --- eval -------------------------------------------------------------------------------
     def eval_step(self, state, batch):
@@ -258,16 +261,17 @@ class TRMTask(Task):
         return out
 
     def run_eval(self, state, *, data_dir: str | None = None, batch_size: int | None = None,
-                 extra_steps: int = 0, halt: bool = False, scaling: Scaling | None = None,
-                 evaluator=None, progress: bool = False) -> dict | None:  # fmt: skip
+                 options: TRMEvalOptions | None = None, evaluator=None,
+                 progress: bool = False) -> dict | None:  # fmt: skip
         """The evaluation loop the trainer runs (`evaluate`) and `python -m train.evaluate`
         runs: every test batch of `data_dir` (default data.path) through the jitted, sharded
-        eval step (models/trm/evaluation.py), summed on device, normalised as upstream.
+        eval step (`options.step`: models/trm/evaluation.py; default options: upstream's
+        evaluation), summed on device, normalised as upstream.
         -> {"metrics", "per_step": {"exact_accuracy": [...], "accuracy": [...]}, "count",
         "evaluator"} (None without a test split). `evaluator` (ARCEvaluator) gets every batch's
         predictions (the chosen ones with `scaling`) and q_halt logits.
 
-        With `scaling` (test-time scaling, models/trm/scaling.py): `scaling.trajectories` noisy
+        With `options.scaling` (test-time scaling, models/trm/scaling.py): `trajectories` noisy
         copies of every test puzzle, one answer chosen per puzzle, as batches of `batch_size` rows
         (rows // trajectories puzzles, a multiple of the data-parallel shards, at least one per
         shard); the result adds "trajectory_count", "chosen" (the chosen answers' metrics) and
@@ -276,13 +280,14 @@ class TRMTask(Task):
         data_dir = data_dir or self.data_dir
         if not os.path.exists(os.path.join(data_dir, "test", "dataset.json")):
             return None
+        options = options or TRMEvalOptions()
+        scaling = options.scaling
         batch = batch_size or self.data_cfg.eval_batch_size or self.batch
         if scaling is not None:  # puzzles per batch
             shards = mesh_lib.batch_shards(self.mesh, self.cfg.mesh.rules)
             batch = max(batch // scaling.trajectories // shards, 1) * shards
         ds = PuzzleTestDataset(data_dir, global_batch_size=batch)
-        fn, shapes = self._eval_fn_for(batch, int(extra_steps), bool(halt), scaling)
-        summed = ("sums", "per_step") + (("chosen", "by_k") if scaling is not None else ())
+        fn, shapes, summed = self._eval_fn_for(batch, options)
         total = None
         for i, local in enumerate(tqdm(ds, desc="evaluate", unit="batch", disable=not progress)):
             if scaling is not None:  # each puzzle's own noise, whatever the batching
@@ -313,35 +318,29 @@ class TRMTask(Task):
             )
         return result
 
-    def _eval_fn_for(self, batch: int, extra_steps: int, halt: bool, scaling: Scaling | None):
-        """(the jitted eval step for this batch and these options, its batch shapes): one compile
-        each. With `scaling`, models/trm/scaling.py's trajectories_step over `batch` puzzles."""
+    def _eval_fn_for(self, batch: int, options: TRMEvalOptions):
+        """(the jitted `options.step` for this batch, its batch shapes, the outputs that add over
+        batches): one compile each, its outputs' shardings derived (Task.output_shardings); every
+        output but the per-row ones is summed. With test-time scaling `batch` counts puzzles,
+        each with its "example" index."""
         shapes = self.batch_shapes(batch)
-        if scaling is not None:
+        if options.scaling is not None:
             shapes = {**shapes, "example": ((batch,), np.int32, 0)}
-        key = (batch, extra_steps, halt, scaling)
+        key = (batch, options.step_key())
         if key not in self._eval_fns:
             batch_sh = {k: v.sharding for k, v in self.abstract_batch(shapes).items()}
+            fn = options.step(self.graphdef)
+            out_sh = self.output_shardings(fn, self.abstract_state["train"], shapes)
             replicated = mesh_lib.replicated(self.mesh)
-            out_sh = {
-                "sums": replicated,
-                "per_step": replicated,
-                "preds": batch_sh["inputs"],
-                "q_halt_logits": self.batch_sharding(1),
-            }
-            if scaling is None:
-                fn = functools.partial(eval_step, self.graphdef, extra_steps=extra_steps, halt=halt)
-            else:
-                out_sh.update(chosen=replicated, by_k=replicated)
-                fn = functools.partial(
-                    trajectories_step, self.graphdef,
-                    trajectories=scaling.trajectories, noise=scaling.noise, select=scaling.select,
-                    extra_steps=extra_steps, halt=halt, ks=prefix_ks(scaling.trajectories),
-                )  # fmt: skip
-            self._eval_fns[key] = jax.jit(
+            summed = tuple(
+                k for k, sh in out_sh.items() if all(x == replicated for x in jax.tree.leaves(sh))
+            )
+            jitted = jax.jit(
                 fn, in_shardings=(self.state_shardings["train"], batch_sh), out_shardings=out_sh
             )
-        return self._eval_fns[key], shapes
+            self._eval_fns[key] = (jitted, summed)
+        jitted, summed = self._eval_fns[key]
+        return jitted, shapes, summed
 
     def _evaluator(self):
         """data.arc_eval.ARCEvaluator when configured (data.evaluator: arc). One instance per

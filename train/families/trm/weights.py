@@ -120,7 +120,7 @@ def upstream_overrides(all_config: dict, where: str = "all_config.yaml") -> list
     module = name.split("@")[0].split(".")[-1]
     if module not in _UPSTREAM_ARCH:
         raise SourceError(f"{where}: arch.name={name!r} is not a known TRM arch")
-    out = ["task=trm", "model=trm", "optim=trm", "data=sudoku", override("model.arch", module)]
+    out = ["family=trm", "model=trm", "optim=trm", "data=sudoku", override("model.arch", module)]
     out += [
         override(
             f"model.{k}",
@@ -150,4 +150,4 @@ def upstream_overrides(all_config: dict, where: str = "all_config.yaml") -> list
     evaluators = get(all_config, "evaluators", list, "a list") or []
     if any(isinstance(e, dict) and "arc" in str(e.get("name", "")).lower() for e in evaluators):
         out.append("data.evaluator=arc")
-    return out + ["run.name=upstream_eval", "trainer.epochs=1", "data.eval_interval_epochs=1"]
+    return out + ["run.name=upstream_eval", "data.epochs=1", "data.eval_interval_epochs=1"]
