@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from models.trm.config import TRMConfig
+from models.trm.config import TRMConfig, upstream_config
 from models.trm.layers import PuzzleTable
 from models.trm.modeling import TRM
 from parity.capture import prefix_rename
@@ -58,6 +58,18 @@ def from_torch(state_dict, config: TRMConfig, *, seed: int = 0, source: str = "s
     # eval_shape left the RNG stream abstract: give it real state
     model.exploration_rngs = nnx.Rngs(exploration=seed)
     return model
+
+
+def upstream_keys(config: TRMConfig) -> set[str]:
+    """The state_dict keys upstream's model has for `config` (no `_orig_mod.`): the PyTorch
+    reference's, built on torch's meta device (no arrays) with the fields that make `config` a
+    variant without an upstream twin (models.trm.config.variant_fields) at their defaults."""
+    import torch  # lazy: the reference is torch
+
+    from parity.trm_torch import ACTLossHead, build_model
+
+    with torch.device("meta"):
+        return set(ACTLossHead(build_model(upstream_config(config))).state_dict())
 
 
 def to_torch(model, *, compiled: bool = False) -> dict:
