@@ -20,8 +20,8 @@ EMBED_GRADS = ("onehot", "scatter_f32", "scatter_bf16")
 
 # TRMConfig's fields fall in two lists; a field in neither (one a fork adds) is a variant without
 # an upstream twin, refused by the PyTorch reference and kept out of upstream-format files when
-# set away from its default (`variant_fields`; docs/architecture.md, "Changing the model where
-# upstream has no counterpart").
+# set away from its default (`variant_fields`). The recipe:
+# docs/architecture.md, "Changing the model where upstream has no counterpart"
 # Upstream's model and loss: its arch yaml and arch.loss, the sizes its data gives, and `arch`
 # (which of its five model files), each of whose values the PyTorch reference (parity/trm_torch)
 # builds (loss_type: an argument of its ACTLossHead); and `loss_dtype`, the precision upstream's

@@ -400,6 +400,9 @@ class NoUpstreamTwin(ValueError):
     away from its default: models.trm.config.variant_fields); one line naming the field."""
 
 
+_RECIPE = "docs/architecture.md, 'Changing the model where upstream has no counterpart'"
+
+
 def refuse_variants(config) -> None:
     """NoUpstreamTwin naming the fields of `config` that make it a variant without an upstream
     twin: this reference builds upstream's models only, and ignoring such a field would make a
@@ -409,6 +412,5 @@ def refuse_variants(config) -> None:
         given = ", ".join(f"model.{k}={v!r}" for k, v in variants.items())
         raise NoUpstreamTwin(
             f"{given}: the PyTorch reference implements upstream's TRM only; it has no "
-            f"{', '.join(variants)} (a variant without an upstream twin: docs/architecture.md, "
-            "'Changing the model where upstream has no counterpart')"
+            f"{', '.join(variants)} (a variant without an upstream twin: {_RECIPE})"
         )
