@@ -66,18 +66,27 @@ def test_the_reference_refuses_a_field_it_does_not_implement():
     assert upstream_config(_gated(cfg, gated_latent=True)) == _gated(cfg)
 
 
-def test_upstream_keys_are_the_references_and_the_ports():
+def test_upstream_keys_are_the_references_and_the_ports(monkeypatch):
     """parity.trm_params.upstream_keys: the reference's keys, which are the port's (to_torch), for
-    every arch; a variant's are its upstream model's."""
+    every arch, with torch and without it (the port's then); a variant's are its upstream
+    model's."""
+    import sys
+
     from flax import nnx
 
     from models.trm import TRM
     from parity.trm_params import to_torch, upstream_keys
 
-    for variant in ("mlp_t", "att", "hrm", "singlez", "hier6", "baseline"):
+    archs = ("mlp_t", "att", "hrm", "singlez", "hier6", "baseline")
+    ref = {}
+    for variant in archs:
         cfg = tiny_config(variant, "float32")
-        assert upstream_keys(cfg) == set(to_torch(TRM(cfg, rngs=nnx.Rngs(0)))), variant
-        assert upstream_keys(_gated(cfg, gated_latent=True)) == upstream_keys(cfg), variant
+        ref[variant] = upstream_keys(cfg)
+        assert ref[variant] == set(to_torch(TRM(cfg, rngs=nnx.Rngs(0)))), variant
+        assert upstream_keys(_gated(cfg, gated_latent=True)) == ref[variant], variant
+    monkeypatch.setitem(sys.modules, "torch", None)  # an import of torch raises
+    for variant in archs:
+        assert upstream_keys(_gated(tiny_config(variant, "float32"))) == ref[variant], variant
 
 
 @pytest.fixture(scope="module")
