@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from models.trm.config import TRMConfig
+from models.trm.config import TRMConfig, upstream_config
 from models.trm.layers import PuzzleTable
 from models.trm.modeling import TRM
 from parity.capture import prefix_rename
@@ -60,15 +60,38 @@ def from_torch(state_dict, config: TRMConfig, *, seed: int = 0, source: str = "s
     return model
 
 
+def upstream_keys(config: TRMConfig) -> set[str]:
+    """The state_dict keys upstream's model has for `config` (no `_orig_mod.`): the PyTorch
+    reference's, built on torch's meta device (no arrays) with the fields that make `config` a
+    variant without an upstream twin (models.trm.config.variant_fields) at their defaults.
+    Without torch (a .safetensors file read by the base install): the port's keys for that
+    config, the same set (tests/test_trm_variants.py)."""
+    upstream = upstream_config(config)
+    try:
+        import torch  # lazy: the reference is torch
+    except ImportError:
+        model = nnx.eval_shape(lambda: TRM(upstream, rngs=nnx.Rngs(0)))
+        return {INNER_PREFIX + ".".join(map(str, p)) for p, _ in _variables(model.inner)}
+    from parity.trm_torch import ACTLossHead, build_model
+
+    with torch.device("meta"):
+        return set(ACTLossHead(build_model(upstream)).state_dict())
+
+
+def _variables(module):
+    """(path, variable) of each variable a state_dict holds (RNG state is not one)."""
+    for path, var in nnx.iter_graph(module):
+        if isinstance(var, nnx.Variable) and not isinstance(var, nnx.RngState):
+            yield path, var
+
+
 def to_torch(model, *, compiled: bool = False) -> dict:
     """TRM -> upstream state_dict (torch tensors; H_init/L_init keep the forward dtype, e.g. bf16)."""
     import torch  # lazy: only writing torch tensors needs torch
 
     prefix = COMPILE_PREFIX if compiled else ""
     out = {}
-    for path, var in nnx.iter_graph(model.inner):
-        if not isinstance(var, nnx.Variable) or isinstance(var, nnx.RngState):
-            continue
+    for path, var in _variables(model.inner):
         value = np.asarray(var.get_value())
         key = prefix + INNER_PREFIX + ".".join(str(p) for p in path)
         if value.dtype.name == "bfloat16":

@@ -48,6 +48,13 @@ def one_line(e: BaseException, limit: int = 600) -> str:
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
+def first_few(names, n: int = 3) -> str:
+    """`names` for one line: the first `n`, then how many more."""
+    names = list(names)
+    shown = ", ".join(names[:n])
+    return shown + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
 def exit_with(e: BaseException, prefix: str = "error: "):
     """Exits with status 1 and the one line `<prefix><message>`; with HYDRA_FULL_ERROR=1 (the
     variable Hydra users know) re-raises instead, for the traceback."""

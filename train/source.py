@@ -43,7 +43,7 @@ class SourceError(ConfigError):
 
 @dataclasses.dataclass
 class Source:
-    kind: str  # "run", or the kind of the WeightsFile that opened the file
+    kind: str  # "run", or what the WeightsFile that opened the file says it is (kind_of)
     path: str
     cfg: Any  # the composed config: the run's config.yaml, or the one the file describes
     task: Any  # train.task.Task built from cfg
@@ -90,6 +90,7 @@ def open_source(
         state = task.import_weights(task.create_state(), path)
     except (KeyError, ValueError) as e:
         raise SourceError(f"{path}: does not fit the config ({one_line(e)})") from e
+    kind = weights.kind_of(loaded, task)
     return Source(kind, path, opened.cfg, task, state, opened.step, opened.meta, opened.trained_on)
 
 

@@ -235,6 +235,12 @@ class Task:
         Default: Unsupported."""
         raise no_torch_checkpoint(self.cfg.family)
 
+    def keys_upstream_lacks(self, checkpoint) -> list[str]:
+        """The keys of `torch_checkpoint`'s result that the original code base's model lacks (a
+        variant without an upstream twin: docs/architecture.md), sorted; `python -m train.export`
+        writes them only with --allow-extra-keys. Default: none."""
+        return []
+
     # --- shared ---------------------------------------------------------------------------------
     def _setup(self):
         """graphdef, abstract state and state shardings, by tracing `init` (nothing allocated)."""
@@ -359,6 +365,11 @@ class WeightsFile:
     def check(self, path: str, loaded, task, data: str | None) -> None:
         """After the task is built, before the weights go in: SourceError when they cannot fit
         (default: nothing to check)."""
+
+    def kind_of(self, loaded, task) -> str:
+        """Source.kind of the file once the task is built: `kind`, or what the file is where
+        its format says less (TRM: upstream's format holding keys upstream lacks)."""
+        return self.kind
 
 
 class Sampler:

@@ -18,6 +18,27 @@ REMAT_POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_
 # CastedEmbedding); the forward is the same for all three.
 EMBED_GRADS = ("onehot", "scatter_f32", "scatter_bf16")
 
+# TRMConfig's fields fall in two lists; a field in neither (one a fork adds) is a variant without
+# an upstream twin, refused by the PyTorch reference and kept out of upstream-format files when
+# set away from its default (`variant_fields`). The recipe:
+# docs/architecture.md, "Changing the model where upstream has no counterpart"
+# Upstream's model and loss: its arch yaml and arch.loss, the sizes its data gives, and `arch`
+# (which of its five model files), each of whose values the PyTorch reference (parity/trm_torch)
+# builds (loss_type: an argument of its ACTLossHead); and `loss_dtype`, the precision upstream's
+# float64 loss runs at here (the reference's loss is float64 whatever it says).
+UPSTREAM_FIELDS = (
+    "batch_size", "seq_len", "puzzle_emb_ndim", "num_puzzle_identifiers", "vocab_size",
+    "H_cycles", "L_cycles", "H_layers", "L_layers", "hidden_size", "expansion", "num_heads",
+    "pos_encodings", "rms_norm_eps", "rope_theta", "halt_max_steps", "halt_exploration_prob",
+    "forward_dtype", "mlp_t", "puzzle_emb_len", "no_ACT_continue", "act_enabled", "act_inference",
+    "loss_type", "loss_dtype", "arch",
+)  # fmt: skip
+# This port's ways of computing the same function (memory, HLO size, kernels, how a gradient is
+# summed): the reference computes upstream's way whatever they say, and a run resumes across them.
+SAME_FUNCTION_FIELDS = (
+    "attention_impl", "remat", "remat_policy", "scan", "embed_grad", "split_gate_up",
+)  # fmt: skip
+
 
 def swiglu_intermediate(width: int, expansion: float) -> int:
     """Hidden width of upstream's SwiGLU over `width` features: round(expansion * width * 2/3)
@@ -167,3 +188,32 @@ class TRMConfig:
     def head_dim(self) -> int:
         # transformers_baseline with 12 heads at 512: head_dim 42, attention width 504 (as upstream).
         return self.hidden_size // self.num_heads
+
+
+def variant_fields(config) -> dict:
+    """name -> value of each field of the dataclass `config` that is in neither UPSTREAM_FIELDS
+    nor SAME_FUNCTION_FIELDS and is set away from its default: what makes it a model upstream
+    does not have. Empty for upstream's models (and for a non-dataclass config)."""
+    if not dataclasses.is_dataclass(config):
+        return {}
+    listed = {*UPSTREAM_FIELDS, *SAME_FUNCTION_FIELDS}
+    return {
+        f.name: getattr(config, f.name)
+        for f in dataclasses.fields(config)
+        if f.name not in listed and getattr(config, f.name) != _default(f)
+    }
+
+
+def upstream_config(config):
+    """`config` with its variant fields (`variant_fields`) at their defaults: the upstream model
+    the variant departs from."""
+    fields = {f.name: f for f in dataclasses.fields(config)}
+    return dataclasses.replace(
+        config, **{name: _default(fields[name]) for name in variant_fields(config)}
+    )
+
+
+def _default(field: dataclasses.Field):
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default  # MISSING for a field without a default: every value differs from it

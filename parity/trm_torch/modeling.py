@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.trm.config import variant_fields
 from parity.trm_torch.layers import (
     Attention,
     CastedEmbedding,
@@ -306,6 +307,7 @@ class TinyRecursiveReasoningModel_ACTV1(nn.Module):  # upstream's name
 
     def __init__(self, config):
         super().__init__()
+        refuse_variants(config)  # the port's TRM builds variants; the reference refuses them
         self.config = config
         self.inner = INNERS[config.arch](config)
 
@@ -391,3 +393,24 @@ TRMCarry = TinyRecursiveReasoningModel_ACTV1Carry
 
 def build_model(config) -> TinyRecursiveReasoningModel_ACTV1:
     return TinyRecursiveReasoningModel_ACTV1(config)
+
+
+class NoUpstreamTwin(ValueError):
+    """A config of a model upstream does not have (a field the reference does not implement set
+    away from its default: models.trm.config.variant_fields); one line naming the field."""
+
+
+_RECIPE = "docs/architecture.md, 'Changing the model where upstream has no counterpart'"
+
+
+def refuse_variants(config) -> None:
+    """NoUpstreamTwin naming the fields of `config` that make it a variant without an upstream
+    twin: this reference builds upstream's models only, and ignoring such a field would make a
+    parity test compare the variant with upstream's model under the variant's name."""
+    variants = variant_fields(config)
+    if variants:
+        given = ", ".join(f"model.{k}={v!r}" for k, v in variants.items())
+        raise NoUpstreamTwin(
+            f"{given}: the PyTorch reference implements upstream's TRM only; it has no "
+            f"{', '.join(variants)} (a variant without an upstream twin: {_RECIPE})"
+        )

@@ -31,6 +31,7 @@ from tqdm import tqdm
 from data.arc_eval import ARCEvaluator
 from data.puzzle_source import PuzzleTestDataset, PuzzleTrainDataset
 from models.trm import TRM, TRMConfig
+from models.trm.config import SAME_FUNCTION_FIELDS
 from models.trm.evaluation import eval_step
 from models.trm.flops import trm_flops_per_step
 from models.trm.losses import normalize_metrics
@@ -42,11 +43,11 @@ from models.trm.training import (
     init_train_state,
     train_step,
 )
-from parity.files import load_file
-from parity.trm_params import from_torch, to_torch
+from parity.files import COMPILE_PREFIX, load_file
+from parity.trm_params import from_torch, to_torch, upstream_keys
 from train import mesh as mesh_lib
 from train.config import build_dataclass, check_fields, check_ranges
-from train.errors import ConfigError
+from train.errors import ConfigError, first_few
 from train.families.trm.data import (
     SIZES,
     TRMDataConfig,
@@ -71,10 +72,7 @@ class TRMTask(Task):
     resume_keys = ("optim.ema", *(f"data.{k}" for k in ("eval_interval_epochs", *SIZES)))
     # upstream's epochs live with the data they count, beside data.eval_interval_epochs
     moved_keys = {"trainer.epochs": "data.epochs"}
-    resume_free_keys = tuple(
-        f"model.{k}"
-        for k in ("attention_impl", "remat", "remat_policy", "scan", "embed_grad", "split_gate_up")
-    )
+    resume_free_keys = tuple(f"model.{k}" for k in SAME_FUNCTION_FIELDS)
     config_sections = {
         "model": (TRMConfig, ("batch_size", "seq_len", "vocab_size", "num_puzzle_identifiers")),
         "optim": (TRMOptimConfig, ()),
@@ -368,7 +366,11 @@ class TRMTask(Task):
     def import_weights(self, state, path: str):
         """An upstream TRM checkpoint (torch state_dict, `_orig_mod.` keys ok) -> params/table/
         buffers; optimizer and EMA restart from the imported params (upstream's load_checkpoint)."""
-        src = from_torch(load_file(path), self.model_cfg)
+        state_dict = load_file(path)
+        extra = self.keys_upstream_lacks(state_dict)
+        if extra:
+            log.info("%s: %s", path, variant_description(extra))
+        src = from_torch(state_dict, self.model_cfg)
         src.train()
         _, train_state = init_train_state(src, self.optim)
         new = {**jax.device_get(state), "train": train_state}
@@ -377,6 +379,18 @@ class TRMTask(Task):
     def torch_checkpoint(self, state, meta: dict) -> dict:
         """The state_dict upstream saves: the evaluated model (EMA params when enabled)."""
         return to_torch(ema_model(self.graphdef, jax.device_get(state["train"])))
+
+    def keys_upstream_lacks(self, checkpoint) -> list[str]:
+        """The keys of an upstream-format state_dict (`_orig_mod.` ok) that upstream's model of
+        this config lacks (parity.trm_params.upstream_keys: the PyTorch reference's)."""
+        upstream = upstream_keys(self.model_cfg)
+        return sorted(k for k in checkpoint if k.removeprefix(COMPILE_PREFIX) not in upstream)
+
+
+def variant_description(extra: list[str]) -> str:
+    """What an upstream-format file holding `extra` keys is (train.source's kind, the import's
+    log line)."""
+    return f"upstream_trm with keys upstream lacks: {first_few(extra)}"
 
 
 def _local_rows(x):

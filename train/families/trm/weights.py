@@ -16,6 +16,7 @@ from parity.trm_params import PUZZLE_KEY
 from train.compose import override
 from train.errors import one_line
 from train.families.trm.data import test_metadata
+from train.families.trm.task import variant_description
 from train.source import SourceError, compose_for, has_experiment, validate_for
 from train.task import Opened, WeightsFile
 
@@ -36,6 +37,10 @@ class UpstreamTRMCheckpoint(WeightsFile):
     def detect(self, path: str, loaded) -> bool:
         keys = [k.removeprefix("_orig_mod.") for k in loaded] if isinstance(loaded, dict) else []
         return bool(keys) and all(k.startswith("model.") for k in keys)
+
+    def kind_of(self, loaded, task) -> str:
+        extra = task.keys_upstream_lacks(loaded)
+        return variant_description(extra) if extra else self.kind
 
     def open(self, path, loaded, data, overrides) -> Opened:
         """all_config.yaml beside the checkpoint (then `overrides`), or `overrides` alone naming
