@@ -64,6 +64,19 @@ except ImportError:  # torch is optional; parity tests skip themselves without i
     pass
 
 
+# The default tier (`-m "not slow"`, `make test`) compiles its many small programs with LLVM at -O0:
+# XLA's HLO passes, fusion and buffer assignment are unchanged, only the kernels' machine code is
+# unoptimised, which takes ~27% less CPU (docs/testing.md, "The default tier compiles at -O0").
+# Set here, before any backend starts, and inherited by the processes the tests start; the slow
+# tier, whose whole runs are dominated by running, keeps XLA's default.
+_O0 = "--xla_backend_optimization_level"
+
+
+def pytest_configure(config):
+    if (config.option.markexpr or "").strip() == "not slow" and _O0 not in os.environ["XLA_FLAGS"]:
+        os.environ["XLA_FLAGS"] += f" {_O0}=0"
+
+
 def _has_gpu() -> bool:
     try:
         return len(jax.devices("gpu")) > 0
