@@ -69,17 +69,19 @@ def test_stablemax_is_really_float64(x64):
 
 
 def test_float64_loss_refuses_without_x64():
-    assert not jax.config.jax_enable_x64
-    carry = _carry([[1, 2]], [True], [1])
-    out = {
-        "logits": jnp.zeros((1, 2, 3)),
-        "q_halt_logits": jnp.zeros(1),
-        "q_continue_logits": jnp.zeros(1),
-    }
-    with pytest.raises(ValueError, match="x64"):
-        act_loss(carry, out)
-    loss, _ = act_loss(carry, out, loss_dtype="float32")  # explicit opt-in works
-    assert loss.dtype == jnp.float32
+    # x64 off here whatever ran before in this worker: a module-scoped fixture that trains TRM
+    # in-process turns it on before the per-test reset (tests/conftest.py) records its value
+    with jax.enable_x64(False):
+        carry = _carry([[1, 2]], [True], [1])
+        out = {
+            "logits": jnp.zeros((1, 2, 3)),
+            "q_halt_logits": jnp.zeros(1),
+            "q_continue_logits": jnp.zeros(1),
+        }
+        with pytest.raises(ValueError, match="x64"):
+            act_loss(carry, out)
+        loss, _ = act_loss(carry, out, loss_dtype="float32")  # explicit opt-in works
+        assert loss.dtype == jnp.float32
 
 
 def test_float32_stablemax_gradient_is_finite_at_logit_one():
